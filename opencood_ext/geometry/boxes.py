@@ -1,0 +1,93 @@
+"""3D boxes ``[x, y, z, l, w, h, yaw]``: centre, FULL sizes, yaw in radians about +z.
+
+Corner order of :func:`boxes_to_corners` (in the box's own frame, x along length):
+bottom face (z - h/2) first, ``0:(+l,+w) 1:(+l,-w) 2:(-l,-w) 3:(-l,+w)``, then the
+top face 4..7 in the same order. Works in any frame (left- or right-handed):
+yaw turns +x towards +y.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from .transforms import pose_to_matrix
+
+_UNIT_CORNERS = np.array([
+    [1, 1, -1], [1, -1, -1], [-1, -1, -1], [-1, 1, -1],
+    [1, 1, 1], [1, -1, 1], [-1, -1, 1], [-1, 1, 1],
+], dtype=np.float64) * 0.5
+
+
+def boxes_to_corners(boxes) -> np.ndarray:
+    """(N, 7) boxes -> (N, 8, 3) corners."""
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+    local = _UNIT_CORNERS[None] * b[:, None, 3:6]  # (N, 8, 3)
+    c, s = np.cos(b[:, 6]), np.sin(b[:, 6])
+    x = local[..., 0] * c[:, None] - local[..., 1] * s[:, None]
+    y = local[..., 0] * s[:, None] + local[..., 1] * c[:, None]
+    return np.stack([x, y, local[..., 2]], axis=-1) + b[:, None, :3]
+
+
+def corners_to_boxes(corners) -> np.ndarray:
+    """(N, 8, 3) corners in the order above -> (N, 7) boxes.
+
+    Sizes are the mean edge lengths (so a pitched or rolled box keeps its true
+    size); yaw is the heading of the mean back-to-front edge in the xy plane.
+    """
+    c = np.asarray(corners, dtype=np.float64).reshape(-1, 8, 3)
+    center = c.mean(axis=1)
+    front_minus_back = (c[:, [0, 1, 4, 5]] - c[:, [3, 2, 7, 6]])  # (N, 4, 3)
+    left_minus_right = (c[:, [0, 3, 4, 7]] - c[:, [1, 2, 5, 6]])
+    top_minus_bottom = (c[:, 4:8] - c[:, 0:4])
+    length = np.linalg.norm(front_minus_back, axis=-1).mean(axis=1)
+    width = np.linalg.norm(left_minus_right, axis=-1).mean(axis=1)
+    height = np.linalg.norm(top_minus_bottom, axis=-1).mean(axis=1)
+    heading = front_minus_back.mean(axis=1)
+    yaw = np.arctan2(heading[:, 1], heading[:, 0])
+    return np.concatenate([center, np.stack([length, width, height, yaw], axis=1)], axis=1)
+
+
+def object_corners_world(location, center, angle, extent) -> np.ndarray:
+    """OPV2V object -> (8, 3) world corners.
+
+    ``location + center`` (world axes) is the box centre; ``angle`` is
+    [roll, yaw, pitch] degrees; ``extent`` holds half sizes.
+    """
+    pose = np.concatenate([np.asarray(location, float) + np.asarray(center, float),
+                           np.asarray(angle, float)])
+    T = pose_to_matrix(pose)
+    local = _UNIT_CORNERS * 2.0 * np.asarray(extent, float)
+    return local @ T[:3, :3].T + T[:3, 3]
+
+
+def objects_to_boxes(objects: Iterable, T_sensor_from_world) -> np.ndarray:
+    """ObjectLabel-like items (location, center, angle, extent) -> (N, 7) boxes
+    in the sensor frame given by ``T_sensor_from_world`` (4, 4)."""
+    objs = list(objects)
+    if not objs:
+        return np.zeros((0, 7), dtype=np.float64)
+    T = np.asarray(T_sensor_from_world, dtype=np.float64)
+    corners = np.stack([object_corners_world(o.location, o.center, o.angle, o.extent) for o in objs])
+    corners = corners @ T[:3, :3].T + T[:3, 3]
+    return corners_to_boxes(corners)
+
+
+def points_in_boxes(points, boxes) -> np.ndarray:
+    """(N, 3+) points, (M, 7) boxes -> (N, M) bool mask of points inside each box."""
+    pts = np.asarray(points, dtype=np.float64)[:, :3]
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+    if len(b) == 0 or len(pts) == 0:
+        return np.zeros((len(pts), len(b)), dtype=bool)
+    d = pts[:, None, :] - b[None, :, :3]  # (N, M, 3)
+    c, s = np.cos(b[:, 6]), np.sin(b[:, 6])
+    lx = d[..., 0] * c + d[..., 1] * s
+    ly = -d[..., 0] * s + d[..., 1] * c
+    return ((np.abs(lx) <= b[:, 3] / 2) & (np.abs(ly) <= b[:, 4] / 2)
+            & (np.abs(d[..., 2]) <= b[:, 5] / 2))
+
+
+def limit_period(angle, offset: float = 0.5, period: float = 2 * np.pi):
+    """Wrap ``angle`` into ``[-offset * period, (1 - offset) * period)``; numpy or torch."""
+    return angle - np.floor(angle / period + offset) * period if isinstance(angle, np.ndarray) \
+        else angle - (angle / period + offset).floor() * period

@@ -1,0 +1,51 @@
+#!/usr/bin/env python
+"""Benchmarks (never assertions): ``python tools/bench.py NAME [args]``.
+
+Each benchmark is a module in ``bench/`` with ``main(argv) -> dict``; the dict
+is printed as a table and, with ``--json FILE``, written out. Run
+``python tools/bench.py --list`` to see them.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# name -> (module in bench/, one-line description). Explicit on purpose.
+BENCHMARKS = {
+    "pcd": ("bench.pcd_parse", "ASCII PCD parsing MB/s on the fixture vs numpy.loadtxt"),
+    "iou": ("bench.rotated_iou", "BEV rotated-box IoU pairs per second, NMS time"),
+    "ap": ("bench.ap_eval", "AP evaluation over 1000 frames x 50 boxes"),
+    "sim": ("bench.sim", "simulator LiDAR agent-scans/s, rays/s vs bare Embree, camera cost"),
+    "train": ("bench.train_step", "training step / inference time per encoder type"),
+    "gencomm": ("bench.gencomm_modules", "message extractor, generator, wire format cost"),
+}
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name", nargs="?", choices=sorted(BENCHMARKS))
+    parser.add_argument("--list", action="store_true", help="list benchmarks")
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    args, rest = parser.parse_known_args(argv)
+    if args.list or not args.name:
+        for name, (_, desc) in BENCHMARKS.items():
+            print(f"{name:10s} {desc}")
+        return 0
+    module = importlib.import_module(BENCHMARKS[args.name][0])
+    result = module.main(rest)
+    width = max((len(k) for k in result), default=0)
+    for k, v in result.items():
+        print(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
