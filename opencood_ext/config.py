@@ -1,0 +1,279 @@
+"""YAML experiment files -> typed, validated dataclasses.
+
+A config file is plain YAML whose keys mirror a dataclass schema::
+
+    base: [../base/sim.yaml, ../base/train_cpu.yaml]   # merged in order, then this file
+    train:
+      epochs: 10
+
+* ``base:`` (a path or a list of paths, relative to the file) is merged first;
+  mappings merge recursively, everything else is replaced.
+* Every key is checked against the schema: an unknown key fails with the file
+  that set it, the key path and the closest valid key.
+* Values are type-checked against the dataclass annotations (int, float, bool,
+  str, Optional, Literal, List, Tuple, Dict, nested dataclasses). A field typed
+  ``dict`` is a component spec (``{type: name, ...constructor args}``) checked
+  later by the registry that builds it.
+* ``--set a.b=value`` overrides (value parsed as YAML) go through the same checks.
+* :func:`dump_config` writes the resolved config back to YAML; loading that
+  file gives the same object.
+
+Adding a section: add a dataclass field to the experiment schema
+(``gencomm.experiment.ExperimentConfig``); nothing else to register.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config problem; the message names the file and the key path."""
+
+
+_SCI_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+_Prov = Dict[Tuple[str, ...], str]  # key path -> file (or "--set") that last set it
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def _merge(dst: dict, src: dict, prov: _Prov, source: str, prefix: Tuple[str, ...] = ()) -> None:
+    for key, value in src.items():
+        path = prefix + (str(key),)
+        if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            prov.setdefault(path, source)
+            _merge(dst[key], value, prov, source, path)
+        else:
+            dst[key] = _deepcopy(value)
+            for p in [p for p in prov if p[:len(path)] == path]:
+                del prov[p]
+            _mark(value, prov, source, path)
+
+
+def _mark(value: Any, prov: _Prov, source: str, path: Tuple[str, ...]) -> None:
+    prov[path] = source
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _mark(v, prov, source, path + (str(k),))
+
+
+def _deepcopy(value):
+    if isinstance(value, dict):
+        return {k: _deepcopy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deepcopy(v) for v in value]
+    return value
+
+
+def load_yaml_tree(path, _seen: Optional[List[Path]] = None) -> Tuple[dict, _Prov]:
+    """Read ``path`` with its ``base:`` includes merged; returns (dict, provenance)."""
+    path = Path(path).resolve()
+    seen = list(_seen or [])
+    if path in seen:
+        chain = " -> ".join(str(p) for p in seen + [path])
+        raise ConfigError(f"circular base include: {chain}")
+    data = _read_yaml(path)
+    bases = data.pop("base", [])
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(f"{path}: 'base' must be a path or a list of paths, got {bases!r}")
+    merged: dict = {}
+    prov: _Prov = {}
+    for base in bases:
+        base_data, base_prov = load_yaml_tree(path.parent / base, seen + [path])
+        _merge(merged, base_data, prov, "")
+        prov.update(base_prov)
+    _merge(merged, data, prov, str(path))
+    return merged, prov
+
+
+def apply_overrides(data: dict, prov: _Prov, overrides: Sequence[str]) -> None:
+    """Apply ``a.b.c=value`` strings (value parsed as YAML) in place."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY.PATH=VALUE")
+        key, raw = item.split("=", 1)
+        keys = [k for k in key.strip().split(".") if k]
+        if not keys:
+            raise ConfigError(f"--set {item!r}: empty key")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: value is not valid YAML: {exc}") from None
+        node = data
+        for i, k in enumerate(keys[:-1]):
+            nxt = node.get(k)
+            if nxt is None:
+                nxt = node[k] = {}
+            elif not isinstance(nxt, dict):
+                raise ConfigError(f"--set {item!r}: '{'.'.join(keys[:i + 1])}' is not a mapping")
+            node = nxt
+        node[keys[-1]] = value
+        _mark(value, prov, "--set", tuple(keys))
+
+
+def _where(prov: _Prov, path: Tuple[str, ...]) -> str:
+    for n in range(len(path), 0, -1):
+        src = prov.get(path[:n])
+        if src:
+            return src
+    return "<defaults>"
+
+
+def _err(prov: _Prov, path: Tuple[str, ...], msg: str) -> ConfigError:
+    key = ".".join(path) or "<top level>"
+    return ConfigError(f"{_where(prov, path)}: key '{key}': {msg}")
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value, tp, path: Tuple[str, ...], prov: _Prov):
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any or tp is object:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, path, prov)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise _err(prov, path, f"expected {_type_name(tp)}, got {value!r}")
+    if origin is typing.Literal:
+        if value not in args:
+            close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _err(prov, path, f"must be one of {list(args)}, got {value!r}{hint}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build_dataclass(tp, value, path, prov)
+    if origin in (list, List) or tp is list:
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise _err(prov, path, f"expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        return [_convert(v, inner, path + (str(i),), prov) for i, v in enumerate(value)]
+    if origin in (tuple, Tuple) or tp is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise _err(prov, path, f"expected a list, got {value!r}")
+        if args and len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(v, args[0], path + (str(i),), prov) for i, v in enumerate(value))
+        if args and len(args) != len(value):
+            raise _err(prov, path, f"expected {len(args)} values, got {len(value)}: {value!r}")
+        inner = args or (Any,) * len(value)
+        return tuple(_convert(v, t, path + (str(i),), prov) for i, (v, t) in enumerate(zip(value, inner)))
+    if origin in (dict, Dict) or tp is dict:
+        if not isinstance(value, dict):
+            raise _err(prov, path, f"expected a mapping, got {value!r}")
+        vt = args[1] if args else Any
+        return {k: _convert(v, vt, path + (str(k),), prov) for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _err(prov, path, f"expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _err(prov, path, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str) and _SCI_FLOAT.fullmatch(value.strip()):
+            # PyYAML (YAML 1.1) reads `2e-3` as a string; accept it as the number meant.
+            return float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _err(prov, path, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise _err(prov, path, f"expected a string, got {value!r}")
+        return value
+    raise _err(prov, path, f"unsupported schema type {_type_name(tp)}")
+
+
+def _build_dataclass(cls, value, path: Tuple[str, ...], prov: _Prov):
+    if isinstance(value, cls):
+        return value
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise _err(prov, path, f"expected a mapping for {cls.__name__}, got {value!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, val in value.items():
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {sorted(fields)}"
+            raise _err(prov, path + (str(key),), f"unknown key for {cls.__name__}{hint}")
+        kwargs[key] = _convert(val, hints[key], path + (str(key),), prov)
+    missing = [n for n, f in fields.items() if n not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise _err(prov, path, f"missing required key(s) {missing} for {cls.__name__}")
+    try:
+        obj = cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise _err(prov, path, str(exc)) from None
+    return obj
+
+
+def config_from_dict(schema, data: dict, prov: Optional[_Prov] = None):
+    """Validate and convert a plain dict into ``schema`` (a dataclass type)."""
+    return _build_dataclass(schema, data, (), prov or {})
+
+
+def load_config(path, schema, overrides: Sequence[str] = ()):
+    """Load ``path`` (with ``base:`` includes and ``--set`` overrides) into ``schema``."""
+    data, prov = load_yaml_tree(path)
+    apply_overrides(data, prov, overrides)
+    return _build_dataclass(schema, data, (), prov)
+
+
+def config_to_dict(obj) -> Any:
+    """Dataclass tree -> plain YAML-able dict (tuples become lists)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: config_to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+    if isinstance(obj, (list, tuple)):
+        return [config_to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: config_to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def dump_config(obj, path) -> None:
+    """Write the resolved config to ``path`` as YAML (atomically)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(config_to_dict(obj), sort_keys=False))
+    tmp.replace(path)
