@@ -1,0 +1,116 @@
+"""The experiment schema and the builders that turn it into model and datasets.
+
+An experiment yaml has these sections (each a typed dataclass, see
+:mod:`opencood_ext.config` for loading rules)::
+
+    name: sim_m1_pointpillars
+    data:  {...}      # opencood_ext.data.dataset.DataConfig
+    model: {...}      # gencomm.model.CooperativeDetector constructor arguments
+    train: {...}      # gencomm.training.trainer.TrainConfig
+    eval:  {...}      # EvalConfig below
+    stage: {...}      # StageConfig below (stage-2 onboarding only)
+
+To add a section, add a field here.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Literal, Optional, Sequence
+
+from opencood_ext.config import ConfigError, load_config
+from opencood_ext.data.batch import collate_samples
+from opencood_ext.data.dataset import CooperativeDataset, DataConfig
+from opencood_ext.data.formats import get_reader
+from opencood_ext.models import build
+
+from .model import CooperativeDetector
+from .training.trainer import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation settings. plot_every: write a BEV image every N frames (0 = never)."""
+
+    split: str = "test"
+    plot_every: int = 20
+    max_frames: Optional[int] = None
+
+
+@dataclass
+class StageConfig:
+    """Stage-2 onboarding: which types are new (only their message extractors train)."""
+
+    new_types: List[str] = field(default_factory=list)
+
+
+@dataclass
+class ExperimentConfig:
+    name: str
+    data: DataConfig = field(default_factory=DataConfig)
+    model: dict = field(default_factory=dict)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    stage: StageConfig = field(default_factory=StageConfig)
+
+    def __post_init__(self):
+        model_types = set(self.model.get("agent_types", {}))
+        data_types = set(self.data.agent_types)
+        if model_types and model_types != data_types:
+            raise ValueError(f"data.agent_types {sorted(data_types)} and model.agent_types "
+                             f"{sorted(model_types)} must name the same types")
+
+
+def load_experiment(path, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    return load_config(path, ExperimentConfig, overrides)
+
+
+def build_model(cfg: ExperimentConfig) -> CooperativeDetector:
+    try:
+        return build(cfg.model, {"cooperative": CooperativeDetector}, "model", default_type="cooperative",
+                     lidar_range=list(cfg.data.lidar_range))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"experiment '{cfg.name}': {exc}") from None
+
+
+def cooperation_for(fusion: str, train: bool) -> str:
+    """Which agents a sample carries for a fusion method."""
+    if fusion == "none" or (fusion == "late" and train):
+        return "ego_only"
+    return "early" if fusion == "early" else "all"
+
+
+def reader_kwargs(data: DataConfig) -> Dict[str, object]:
+    kw: Dict[str, object] = {"skip_bad": data.skip_bad_frames}
+    if data.format == "opv2v":
+        modality = data.modality
+        if modality.startswith("all:"):
+            modality = "in_order"
+        elif modality != "in_order":
+            p = Path(modality)
+            modality = str(p if p.is_absolute() else Path(data.root) / p)
+        kw["modality"] = modality
+        specs = data.agent_types.values()
+        kw["load_cameras"] = any(s.sensor == "camera" for s in specs)
+        kw["load_depth"] = any(s.sensor == "camera" and s.use_depth for s in specs)
+        kw["load_beams"] = any(s.sensor == "lidar" and s.lidar_beams != 64 for s in specs)
+    return kw
+
+
+def build_dataset(cfg: ExperimentConfig, model: CooperativeDetector, split: str, train: bool,
+                  fusion: Optional[str] = None) -> CooperativeDataset:
+    """Dataset of ``split`` for ``model`` (voxel sizes come from its encoders)."""
+    fusion = fusion or model.fusion
+    data = cfg.data
+    if fusion == "late" and train and not data.random_ego:
+        log.info("late fusion: training each agent's own detector with a random ego per sample")
+        data = type(data)(**{**data.__dict__, "random_ego": True})
+    reader = get_reader(data.format, data.root, split, **reader_kwargs(data))
+    return CooperativeDataset(reader, data, model.voxel_sizes(), train=train,
+                              cooperation=cooperation_for(fusion, train), seed=cfg.train.seed)
+
+
+collate = collate_samples

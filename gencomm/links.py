@@ -1,0 +1,201 @@
+"""Communication links: what collaborators send and how the ego turns it into
+ego-frame features for fusion.
+
+A link maps per-agent BEV features (N, C, H, W), each in its OWN agent frame,
+to ego-frame features (N, C, H, W) ready for fusion, plus auxiliary losses and
+the bytes each agent put on the wire. The ego row of each sample always keeps
+the ego's real feature.
+
+* :class:`FullFeatureLink` sends the whole feature (the intermediate-fusion
+  upper bound a 2-channel message is measured against).
+* :class:`GenCommLink` sends a ``message_channels``-channel spatial message
+  from each sender type's Deformable Message Extractor; the receiver warps it
+  to its frame, generates a feature in its own semantic space with its
+  Spatial-Aware Feature Generator, and refines it with its Channel Enhancer.
+
+In evaluation (``not self.training``) every collaborator's payload really goes
+through :mod:`gencomm.comm` (encode -> bytes -> decode); a rejected packet
+drops that collaborator and the receiver carries on.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Dict, List, Literal, Optional
+
+import torch
+from torch import Tensor, nn
+
+from opencood_ext.models.warp import warp_mask, warp_to_ego
+
+from .comm import Message, MessageError, decode, encode
+from .enhancer import ChannelEnhancer
+from .generator import SpatialAwareFeatureGenerator, generation_loss
+from .message import DeformableMessageExtractor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LinkOutput:
+    """features: (N, C, H, W) in each sample's ego frame (ego rows = real ego feature).
+    valid: (N, 1, H, W) cells each agent covers. losses: named scalar losses.
+    bytes_sent: (N,) bytes each agent sent (0 for egos). dropped: collaborator rows
+    whose packet was rejected (their features are zero)."""
+
+    features: Tensor
+    valid: Tensor
+    losses: Dict[str, Tensor] = field(default_factory=dict)
+    bytes_sent: Optional[Tensor] = None
+    dropped: List[int] = field(default_factory=list)
+
+
+def _ego_mask(n: int, ego_index: Tensor, device) -> Tensor:
+    mask = torch.zeros(n, dtype=torch.bool, device=device)
+    mask[ego_index] = True
+    return mask
+
+
+def _through_wire(payload: Tensor, sender_ids: List[int], agent_types: List[str], rows: List[int],
+                  T: Tensor, dtype: str):
+    """Encode each row's payload (m, H, W), decode it back; -> (payload, bytes, dropped rows)."""
+    out = torch.zeros_like(payload)
+    nbytes = torch.zeros(payload.shape[0], dtype=torch.long)
+    dropped = []
+    for r in rows:
+        msg = Message(sender_id=int(sender_ids[r]), agent_type=agent_types[r], timestamp=0.0,
+                      pose=T[r].detach().double().cpu().numpy(), payload=payload[r].detach().cpu().numpy())
+        packet = encode(msg, dtype=dtype)
+        nbytes[r] = len(packet)
+        try:
+            received = decode(packet)
+        except MessageError as exc:
+            log.warning("message from agent %s rejected: %s", sender_ids[r], exc)
+            dropped.append(r)
+            continue
+        out[r] = torch.as_tensor(received.payload, dtype=payload.dtype, device=payload.device)
+    return out, nbytes, dropped
+
+
+class FullFeatureLink(nn.Module):
+    """Send the full feature; the ego warps it into its frame. No parameters."""
+
+    def __init__(self, channels: int, agent_types: List[str], lidar_range, wire_dtype: str = "float32"):
+        super().__init__()
+        self.lidar_range = list(lidar_range)
+        self.wire_dtype = wire_dtype
+
+    def forward(self, features: Tensor, batch) -> LinkOutput:
+        n, _, H, W = features.shape
+        T = batch.T_ego_from_agent
+        ego = _ego_mask(n, batch.ego_index.to(features.device), features.device)
+        payload, nbytes, dropped = features, torch.zeros(n, dtype=torch.long), []
+        if not self.training:
+            rows = [i for i in range(n) if not ego[i]]
+            payload, nbytes, dropped = _through_wire(features, batch.agent_ids, batch.agent_types, rows, T,
+                                                     self.wire_dtype)
+            payload = torch.where(ego[:, None, None, None], features, payload)
+        warped = warp_to_ego(payload, T, self.lidar_range)
+        valid = warp_mask(T, self.lidar_range, (H, W), device=features.device)
+        for r in dropped:
+            valid[r] = 0
+        return LinkOutput(warped, valid, {}, nbytes, dropped)
+
+
+class GenCommLink(nn.Module):
+    """GenComm's sender/receiver modules for every agent type of the alliance.
+
+    agent_types: names of the types; each gets a DME (sender) and, as a
+        receiver, an SAFG and a Channel Enhancer.
+    message: DeformableMessageExtractor arguments (``in_channels`` is derived).
+    generator: SpatialAwareFeatureGenerator arguments (channels derived).
+    enhancer: ChannelEnhancer arguments (channels derived).
+    warp_before_generation: True follows the paper (warp the message to the
+        receiver frame, then generate, so the result is spatially consistent);
+        False runs the reference order (generate in the sender frame from the
+        receiver's unwarped feature, then warp the generated feature).
+    generation_weight: weight of the MSE between the generated feature and the
+        collaborator's real feature warped to the ego (stage 1; 0 in stage 2,
+        where sender and receiver live in different semantic spaces).
+    wire_dtype: payload dtype on the wire in evaluation: float32, float16, int8.
+    """
+
+    def __init__(self, channels: int, agent_types: List[str], lidar_range,
+                 message: Optional[dict] = None, generator: Optional[dict] = None,
+                 enhancer: Optional[dict] = None, warp_before_generation: bool = True,
+                 generation_weight: float = 1.0,
+                 wire_dtype: Literal["float32", "float16", "int8"] = "float16"):
+        super().__init__()
+        message, generator, enhancer = dict(message or {}), dict(generator or {}), dict(enhancer or {})
+        self.lidar_range = list(lidar_range)
+        self.dme = nn.ModuleDict({t: DeformableMessageExtractor(in_channels=channels, **message)
+                                  for t in agent_types})
+        msg_ch = next(iter(self.dme.values())).out_channels
+        self.safg = nn.ModuleDict({t: SpatialAwareFeatureGenerator(feature_channels=channels,
+                                                                   message_channels=msg_ch, **generator)
+                                   for t in agent_types})
+        self.enhancer = nn.ModuleDict({t: ChannelEnhancer(channels=channels, **enhancer) for t in agent_types})
+        self.message_channels = msg_ch
+        self.warp_before_generation = warp_before_generation
+        self.generation_weight = float(generation_weight)
+        self.wire_dtype = wire_dtype
+
+    def add_type(self, name: str, channels: int, message: Optional[dict] = None) -> None:
+        """Give a NEW agent type a message extractor (stage-2 onboarding)."""
+        if name in self.dme:
+            raise ValueError(f"agent type {name} already has a message extractor")
+        self.dme[name] = DeformableMessageExtractor(in_channels=channels, **dict(message or {}))
+
+    def messages(self, features: Tensor, agent_types: List[str]) -> Tensor:
+        """(N, C, H, W) sender features -> (N, m, H, W) messages, each by its type's DME."""
+        out = features.new_zeros(features.shape[0], self.message_channels, *features.shape[-2:])
+        for t in dict.fromkeys(agent_types):
+            if t not in self.dme:
+                raise KeyError(f"agent type {t} has no message extractor; known: {sorted(self.dme)}")
+            idx = torch.as_tensor([i for i, a in enumerate(agent_types) if a == t], device=features.device)
+            out[idx] = self.dme[t](features[idx])
+        return out
+
+    def forward(self, features: Tensor, batch) -> LinkOutput:
+        n, C, H, W = features.shape
+        device = features.device
+        T = batch.T_ego_from_agent
+        ego_index = batch.ego_index.to(device)
+        ego = _ego_mask(n, ego_index, device)
+        sample = batch.sample_index.to(device)
+        msg = self.messages(features, batch.agent_types)
+        nbytes, dropped = torch.zeros(n, dtype=torch.long), []
+        if not self.training:
+            rows = [i for i in range(n) if not ego[i]]
+            msg, nbytes, dropped = _through_wire(msg, batch.agent_ids, batch.agent_types, rows, T, self.wire_dtype)
+        valid = warp_mask(T, self.lidar_range, (H, W), device=device)
+        for r in dropped:
+            valid[r] = 0
+        # the ego keeps its real feature (warped only when augmentation rotated a camera ego)
+        ego_feat_b = warp_to_ego(features[ego_index], T[ego_index], self.lidar_range)  # (B, C, H, W)
+        out = features.index_copy(0, ego_index, ego_feat_b)
+        losses: Dict[str, Tensor] = {}
+        collab = (~ego).nonzero().flatten()
+        if len(collab):
+            receiver_of = [batch.agent_types[int(ego_index[int(sample[i])])] for i in collab]
+            ego_feat = ego_feat_b[sample[collab]]  # (n_c, C, H, W) receiver's own feature, ego frame
+            gen = features.new_zeros(len(collab), C, H, W)
+            if self.warp_before_generation:
+                cond = warp_to_ego(msg[collab], T[collab], self.lidar_range)
+            else:
+                cond = msg[collab]
+            for r in dict.fromkeys(receiver_of):
+                sel = torch.as_tensor([k for k, t in enumerate(receiver_of) if t == r], device=device)
+                g = self.safg[r](cond[sel], ego_feat[sel]).feature
+                gen[sel] = self.enhancer[r](g)
+            if not self.warp_before_generation:
+                gen = warp_to_ego(gen, T[collab], self.lidar_range)
+            gen = gen * valid[collab]
+            out = out.index_copy(0, collab, gen)
+            if self.generation_weight > 0 and self.training:
+                target = warp_to_ego(features[collab].detach(), T[collab], self.lidar_range)
+                losses["generation"] = self.generation_weight * generation_loss(gen, target, valid[collab])
+        return LinkOutput(out, valid, losses, nbytes, dropped)
+
+
+LINKS = {"full_feature": FullFeatureLink, "gencomm": GenCommLink}

@@ -1,0 +1,262 @@
+"""Frames -> per-agent model inputs for cooperative detection.
+
+``CooperativeDataset`` wraps any reader (``opencood_ext.data.formats``) and
+turns each Frame into a :class:`Sample`:
+
+* the ego is the first agent after sorting (vehicles by id, then RSUs); with
+  ``random_ego`` (training) any agent may be ego;
+* collaborators are the agents within ``comm_range`` metres of the ego whose
+  type is in ``agent_types`` (the alliance), at most ``max_agents`` in all;
+* each agent is preprocessed by its TYPE: LiDAR types pick their beam variant
+  (64 -> the main scan, 32/16 -> OPV2V-H's reduced scans) and voxelise with
+  their own voxel size; camera types resize their four images;
+* ground truth is the union over all agents, in the (augmented) ego frame,
+  filtered to ``lidar_range``.
+
+``cooperation`` chooses what a sample holds: ``"all"`` (late and intermediate
+fusion), ``"ego_only"`` (no fusion) or ``"early"`` (every LiDAR agent's points
+moved into the ego frame and merged into one cloud, voxelised as the ego's type).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Dict, List, Literal, Optional, Tuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..geometry import invert_transform, transform_points
+from .augment import AugmentConfig, sample_augmentation
+from .frame import VEHICLE_CLASSES, AgentObs, Frame
+from .ground_truth import frame_ground_truth
+from .voxelize import VoxelData, Voxelizer
+
+log = logging.getLogger(__name__)
+
+IMAGE_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+IMAGE_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+
+@dataclass
+class AgentTypeData:
+    """How one agent type (modality) turns its sensors into model input.
+
+    sensor: "lidar" or "camera".
+    lidar_beams: 64 uses the main scan, 32/16 use OPV2V-H's reduced scans.
+    image_size: (H, W) the four cameras are resized to (intrinsics scaled).
+    """
+
+    sensor: Literal["lidar", "camera"] = "lidar"
+    lidar_beams: Literal[64, 32, 16] = 64
+    max_points_per_voxel: int = 32
+    max_voxels: int = 32000
+    image_size: Tuple[int, int] = (128, 160)
+    use_depth: bool = False
+
+
+@dataclass
+class DataConfig:
+    """The ``data:`` section of an experiment.
+
+    modality: assignment of agent types: "in_order", a JSON path (relative to
+        ``root``), or "all:<type>" (every agent is that type: stage-1 training).
+    agent_types: the alliance; agents of other types are left out.
+    lidar_range: (xmin, ymin, zmin, xmax, ymax, zmax) of the ego's detection area.
+    """
+
+    format: Literal["opv2v", "dairv2x", "v2xreal"] = "opv2v"
+    root: str = "data/sim"
+    train_split: str = "train"
+    val_split: str = "validate"
+    test_split: str = "test"
+    modality: str = "in_order"
+    agent_types: Dict[str, AgentTypeData] = field(default_factory=lambda: {"m1": AgentTypeData()})
+    lidar_range: Tuple[float, float, float, float, float, float] = (-51.2, -51.2, -3.0, 51.2, 51.2, 1.0)
+    comm_range: float = 70.0
+    max_agents: int = 5
+    classes: List[str] = field(default_factory=lambda: list(VEHICLE_CLASSES))
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    random_ego: bool = False
+    skip_bad_frames: bool = False
+    max_frames: Optional[int] = None
+
+
+@dataclass
+class AgentInput:
+    """One agent's preprocessed input. ``T_ego_from_agent`` (4, 4) float32 includes
+    the augmentation; exactly one of ``voxels`` / ``images`` is set."""
+
+    agent_id: int
+    agent_type: str
+    T_ego_from_agent: np.ndarray
+    voxels: Optional[VoxelData] = None
+    num_points: int = 0
+    images: Optional[np.ndarray] = None  # (Ncam, 3, H, W) float32, normalised
+    K: Optional[np.ndarray] = None  # (Ncam, 3, 3) scaled to image_size
+    T_lidar_from_camera: Optional[np.ndarray] = None  # (Ncam, 4, 4)
+    depth: Optional[np.ndarray] = None  # (Ncam, H, W) float32 metres or None
+
+
+@dataclass
+class Sample:
+    """One training/evaluation sample: the ego first in ``agents``.
+
+    gt_boxes: (G, 7) float32 in the (augmented) ego frame; gt_ids: (G,) int64.
+    """
+
+    scenario: str
+    timestamp: str
+    ego_id: int
+    agents: List[AgentInput]
+    gt_boxes: np.ndarray
+    gt_ids: np.ndarray
+    sent_bytes: List[int] = field(default_factory=list)  # early fusion: raw points each collaborator sent
+
+
+def _resolve_modality(cfg: DataConfig):
+    """Reader ``modality`` argument and an optional forced type for "all:<type>"."""
+    if cfg.modality.startswith("all:"):
+        return "in_order", cfg.modality[4:]
+    return cfg.modality, None
+
+
+class CooperativeDataset(Dataset):
+    """See the module docstring. ``reader`` yields Frames (``len`` and indexing).
+
+    voxel_sizes: ``{type: (vx, vy, vz)}`` for the LiDAR types, from the model's
+    encoders (``CooperativeDetector.voxel_sizes()``), so no yaml repeats them.
+    """
+
+    def __init__(self, reader, cfg: DataConfig, voxel_sizes: Dict[str, Optional[tuple]], train: bool,
+                 cooperation: Literal["all", "ego_only", "early"] = "all", seed: int = 0):
+        self.reader = reader
+        self.cfg = cfg
+        self.train = train
+        self.cooperation = cooperation
+        self.seed = seed
+        _, self.forced_type = _resolve_modality(cfg)
+        self.voxelizers = {}
+        for name, spec in cfg.agent_types.items():
+            if spec.sensor != "lidar":
+                continue
+            if not voxel_sizes.get(name):
+                raise ValueError(f"data.agent_types.{name} is a LiDAR type but the model has no LiDAR "
+                                 f"encoder (voxel size) for it; model types: {sorted(voxel_sizes)}")
+            self.voxelizers[name] = Voxelizer(voxel_sizes[name], cfg.lidar_range,
+                                              spec.max_points_per_voxel, spec.max_voxels)
+        if cooperation == "early" and not self.voxelizers:
+            raise ValueError("early fusion merges LiDAR points, but data.agent_types has no LiDAR type")
+
+    def __len__(self) -> int:
+        n = len(self.reader)
+        return min(n, self.cfg.max_frames) if self.cfg.max_frames else n
+
+    # ------------------------------------------------------------------ selection
+    def _type_of(self, agent: AgentObs) -> str:
+        return self.forced_type or agent.agent_type
+
+    def select_agents(self, frame: Frame, rng: np.random.Generator) -> List[AgentObs]:
+        """Ego first, then collaborators in range and in the alliance (sorted order)."""
+        members = [a for a in frame.agents if self._type_of(a) in self.cfg.agent_types]
+        if not members:
+            raise ValueError(f"{frame.source or frame.scenario}/{frame.timestamp}: no agent of the "
+                             f"alliance types {sorted(self.cfg.agent_types)}; agent types here are "
+                             f"{sorted({self._type_of(a) for a in frame.agents})}")
+        ego = members[int(rng.integers(len(members)))] if (self.train and self.cfg.random_ego) else members[0]
+        if self.cooperation in ("ego_only",):
+            return [ego]
+        ego_xy = ego.T_world_from_lidar[:2, 3]
+        others = [a for a in members if a is not ego
+                  and np.linalg.norm(a.T_world_from_lidar[:2, 3] - ego_xy) <= self.cfg.comm_range]
+        return [ego] + others[: max(self.cfg.max_agents - 1, 0)]
+
+    # ------------------------------------------------------------------ per type
+    def _points(self, agent: AgentObs, beams: int) -> np.ndarray:
+        if beams == 64:
+            return agent.lidar
+        if beams not in agent.lidar_beams:
+            raise ValueError(f"agent {agent.agent_id} ({self._type_of(agent)}) needs the {beams}-beam scan "
+                             f"(OPV2V-H '_{beams}.pcd'), which this dataset does not have")
+        return agent.lidar_beams[beams]
+
+    def _camera_input(self, agent: AgentObs, spec: AgentTypeData, out: AgentInput) -> None:
+        cams = [c for c in agent.cameras if c.image is not None]
+        if not cams:
+            raise ValueError(f"agent {agent.agent_id} ({self._type_of(agent)}) is a camera type "
+                             f"but its frame has no camera images")
+        H, W = spec.image_size
+        images, Ks, exts, depths = [], [], [], []
+        for cam in cams:
+            img = torch.from_numpy(np.ascontiguousarray(cam.image)).permute(2, 0, 1).float()[None] / 255.0
+            h0, w0 = img.shape[-2:]
+            img = torch.nn.functional.interpolate(img, size=(H, W), mode="bilinear", align_corners=False)[0]
+            img = (img.numpy().transpose(1, 2, 0) - IMAGE_MEAN) / IMAGE_STD
+            images.append(img.transpose(2, 0, 1))
+            K = np.asarray(cam.K, dtype=np.float64).copy()
+            K[0] *= W / w0
+            K[1] *= H / h0
+            Ks.append(K)
+            exts.append(cam.T_lidar_from_camera)
+            if spec.use_depth:
+                if cam.depth is None:
+                    raise ValueError(f"agent {agent.agent_id}: use_depth is set but {cam.name} has no depth image")
+                d = torch.from_numpy(np.asarray(cam.depth, dtype=np.float32))[None, None]
+                depths.append(torch.nn.functional.interpolate(d, size=(H, W), mode="nearest")[0, 0].numpy())
+        out.images = np.stack(images).astype(np.float32)
+        out.K = np.stack(Ks).astype(np.float32)
+        out.T_lidar_from_camera = np.stack(exts).astype(np.float32)
+        out.depth = np.stack(depths).astype(np.float32) if depths else None
+
+    # ------------------------------------------------------------------ item
+    def __getitem__(self, index: int) -> Sample:
+        frame = self.reader[index]
+        # training draws follow torch's RNG (seeded per run and worker by the trainer), so each
+        # epoch sees new augmentations; evaluation draws nothing random.
+        rng = np.random.default_rng((self.seed, index, int(torch.randint(0, 2**31 - 1, ()))
+                                     if self.train else 0))
+        agents = self.select_agents(frame, rng)
+        ego = agents[0]
+        A = sample_augmentation(self.cfg.augment, rng) if self.train else np.eye(4)
+        T_augego_from_world = A @ invert_transform(ego.T_world_from_lidar)
+
+        gt = frame_ground_truth(frame, invert_transform(T_augego_from_world), self.cfg.lidar_range,
+                                classes=self.cfg.classes)
+        inputs: List[AgentInput] = []
+        if self.cooperation == "early":
+            merged, sent = [], []
+            for a in agents:
+                spec = self.cfg.agent_types[self._type_of(a)]
+                if spec.sensor != "lidar":
+                    continue
+                T = T_augego_from_world @ a.T_world_from_lidar
+                merged.append(transform_points(T, self._points(a, spec.lidar_beams)))
+                if a is not ego:
+                    sent.append(int(merged[-1].nbytes))
+            ego_type = self._type_of(ego)
+            if self.cfg.agent_types[ego_type].sensor != "lidar":
+                raise ValueError(f"early fusion needs a LiDAR ego; ego type {ego_type} is a camera")
+            pts = np.concatenate(merged).astype(np.float32)
+            inputs.append(AgentInput(ego.agent_id, ego_type, np.eye(4, dtype=np.float32),
+                                     voxels=self.voxelizers[ego_type](pts), num_points=len(pts)))
+        else:
+            for a in agents:
+                t = self._type_of(a)
+                spec = self.cfg.agent_types[t]
+                T = T_augego_from_world @ a.T_world_from_lidar
+                pts = self._points(a, spec.lidar_beams) if spec.sensor == "lidar" else None
+                if a is ego and pts is not None and not np.allclose(T, np.eye(4)):
+                    # move the ego's own points into the augmented frame so its feature needs no warp
+                    pts, T = transform_points(T, pts), np.eye(4)
+                item = AgentInput(a.agent_id, t, T.astype(np.float32))
+                if pts is not None:
+                    item.voxels = self.voxelizers[t](pts)
+                    item.num_points = len(pts)
+                else:
+                    self._camera_input(a, spec, item)
+                inputs.append(item)
+        return Sample(frame.scenario, str(frame.timestamp), ego.agent_id, inputs,
+                      gt.boxes.astype(np.float32), gt.ids.astype(np.int64),
+                      sent_bytes=sent if self.cooperation == "early" else [])
+
