@@ -1,0 +1,129 @@
+"""Dataset -> Batch -> detector for every fusion method, on synthetic frames."""
+import numpy as np
+import pytest
+import torch
+
+from opencood_ext.data.augment import AugmentConfig
+from opencood_ext.data.batch import collate_samples
+from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
+from opencood_ext.geometry import points_in_boxes, transform_points
+
+from gencomm.model import CooperativeDetector, transform_boxes
+from synthetic import SyntheticReader
+
+torch.set_num_threads(1)
+RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)
+BACKBONE = {"layer_nums": [1, 1], "layer_strides": [2, 2], "num_filters": [16, 32],
+            "upsample_strides": [1, 2], "num_upsample_filters": [16, 16]}
+PP = {"encoder": {"type": "pointpillars", "voxel_size": [0.8, 0.8, 4.0], "num_filters": [16]},
+      "backbone": BACKBONE, "shrink_channels": 16}
+
+
+def _dataset(model, cooperation, train=False, types=("m1", "m1", "m1"), augment=False, alliance=None, **data):
+    cfg = DataConfig(lidar_range=RANGE, agent_types={t: AgentTypeData() for t in (alliance or set(types))},
+                     augment=AugmentConfig(enabled=augment), **data)
+    return CooperativeDataset(SyntheticReader(2, types=types), cfg, model.voxel_sizes(), train=train,
+                              cooperation=cooperation)
+
+
+def test_sample_layout_and_ground_truth_in_ego_frame():
+    model = CooperativeDetector({"m1": PP}, RANGE)
+    ds = _dataset(model, "all")
+    s = ds[0]
+    assert [a.agent_id for a in s.agents] == [10, 20, 30]  # ego first, sorted ids
+    np.testing.assert_allclose(s.agents[0].T_ego_from_agent, np.eye(4), atol=1e-6)
+    frame = ds.reader[0]
+    ego = frame.agents[0]
+    inside = points_in_boxes(ego.lidar, s.gt_boxes).sum(axis=0)
+    assert (inside >= 5).sum() >= len(s.gt_boxes) - 1, inside
+    # a collaborator's points moved by T_ego_from_agent land in the ego's GT boxes too
+    other = frame.agents[1]
+    moved = transform_points(s.agents[1].T_ego_from_agent.astype(np.float64), other.lidar)
+    assert (points_in_boxes(moved, s.gt_boxes).sum(axis=0) >= 5).sum() >= len(s.gt_boxes) - 1
+
+
+def test_augmentation_keeps_points_and_labels_together():
+    model = CooperativeDetector({"m1": PP}, RANGE)
+    ds = _dataset(model, "all", train=True, augment=True)
+    torch.manual_seed(3)
+    s = ds[0]
+    assert not np.allclose(s.gt_boxes, _dataset(model, "all")[0].gt_boxes)  # something rotated
+    frame = ds.reader[0]
+    other = frame.agents[2]
+    moved = transform_points(s.agents[2].T_ego_from_agent.astype(np.float64), other.lidar)
+    assert (points_in_boxes(moved, s.gt_boxes).sum(axis=0) >= 5).sum() >= len(s.gt_boxes) - 1
+    # the ego's own voxels were rotated into the augmented frame: its pose is identity
+    np.testing.assert_allclose(s.agents[0].T_ego_from_agent, np.eye(4), atol=1e-6)
+
+
+def test_collate_groups_by_type():
+    pp2 = dict(PP, encoder=dict(PP["encoder"]))
+    model = CooperativeDetector({"m1": PP, "m3": pp2}, RANGE)
+    ds = _dataset(model, "all", types=("m1", "m3", "m1"))
+    b = collate_samples([ds[0], ds[1]])
+    assert b.agent_types == ["m1", "m3", "m1"] * 2
+    assert b.type_index["m1"].tolist() == [0, 2, 3, 5] and b.type_index["m3"].tolist() == [1, 4]
+    assert b.inputs["m1"].num_agents == 4 and b.ego_index.tolist() == [0, 3]
+    assert b.sample_index.tolist() == [0, 0, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("fusion, link, cooperation", [
+    ("none", None, "ego_only"), ("early", None, "early"), ("late", None, "ego_only"),
+    ("intermediate", {"type": "full_feature"}, "all"),
+    ("intermediate", {"type": "gencomm", "generator": {"base_channels": 8}}, "all"),
+])
+def test_fusion_methods_train_step_and_predict(fusion, link, cooperation):
+    torch.manual_seed(0)
+    model = CooperativeDetector({"m1": PP}, RANGE, fusion=fusion, link=link)
+    b = collate_samples([_dataset(model, cooperation, train=True)[i] for i in range(2)])
+    out = model(b)
+    loss = model.loss(out, b)
+    loss.total.backward()
+    assert torch.isfinite(loss.total)
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
+    if link and link["type"] == "gencomm":
+        assert "generation" in loss.parts and model.link.dme["m1"].head.weight.grad.abs().sum() > 0
+    model.eval()
+    eval_coop = "all" if fusion == "late" else cooperation
+    b = collate_samples([_dataset(model, eval_coop)[0]])
+    dets, nbytes = model.predict(b)
+    assert len(dets) == 1 and dets[0].boxes.shape[1] == 7
+    if fusion == "intermediate":
+        assert nbytes[0] == 0 and (nbytes[1:] > 0).all()
+        if link["type"] == "gencomm":  # float16 2-channel message vs float32 16-channel feature
+            assert nbytes[1] < 16 * 40 * 40 * 4 / 8
+
+
+def test_gencomm_ego_keeps_real_feature_and_warp_switch():
+    torch.manual_seed(0)
+    model = CooperativeDetector({"m1": PP}, RANGE, link={"type": "gencomm", "generator": {"base_channels": 8}})
+    model.eval()
+    b = collate_samples([_dataset(model, "all")[0]])
+    feats, _ = model.encode(b)
+    out = model.link(feats, b)
+    torch.testing.assert_close(out.features[0], feats[0])
+    assert not torch.allclose(out.features[1], feats[1])
+    model.link.warp_before_generation = False
+    out2 = model.link(feats, b)
+    torch.testing.assert_close(out2.features[0], feats[0])
+
+
+def test_transform_boxes_matches_corner_transform():
+    from opencood_ext.geometry import boxes_to_corners, corners_to_boxes, pose_to_matrix
+    boxes = torch.tensor([[3.0, -2.0, 0.5, 4.0, 1.8, 1.5, 0.3], [-8.0, 5.0, 0.2, 4.5, 2.0, 1.6, -2.0]])
+    T = torch.as_tensor(pose_to_matrix([4.0, -3.0, 0.0, 0.0, 37.0, 0.0]), dtype=torch.float32)
+    want = corners_to_boxes(boxes_to_corners(boxes.numpy()) @ T[:3, :3].numpy().T + T[:3, 3].numpy())
+    got = transform_boxes(boxes, T).numpy()
+    np.testing.assert_allclose(got[:, :6], want[:, :6], atol=1e-4)
+    np.testing.assert_allclose(np.cos(got[:, 6] - want[:, 6]), 1.0, atol=1e-5)
+
+
+def test_alliance_filter_and_clear_errors():
+    model = CooperativeDetector({"m1": PP}, RANGE)
+    ds = _dataset(model, "all", types=("m1", "m2", "m1"), alliance=["m1"])
+    s = ds[0]
+    assert [a.agent_type for a in s.agents] == ["m1", "m1"]
+    ds.cfg.agent_types = {"m9": AgentTypeData()}
+    with pytest.raises(ValueError, match="no agent of the alliance types"):
+        ds[0]
