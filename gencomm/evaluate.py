@@ -65,14 +65,14 @@ class EvalResult:
 
 
 def _plot_frame(dataset, index: int, dets, gt_boxes, path: Path, title: str) -> None:
-    frame = dataset.reader[index]
+    frame = dataset.read_frame(index)
     agents = dataset.select_agents(frame, np.random.default_rng(0))
     ego = agents[0]
     pts = [transform_points(relative_transform(ego.T_world_from_lidar, a.T_world_from_lidar), a.lidar)
            for a in agents]
     pos = [relative_transform(ego.T_world_from_lidar, a.T_world_from_lidar)[:2, 3] for a in agents]
     plot_bev(path, pts, gt_boxes=gt_boxes, pred_boxes=dets, lidar_range=dataset.cfg.lidar_range, title=title,
-             agent_labels=[f"{a.agent_id} ({dataset._type_of(a)})" for a in agents], agent_positions=pos)
+             agent_labels=[f"{a.agent_id} ({a.agent_type})" for a in agents], agent_positions=pos)
 
 
 def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0, max_frames: Optional[int] = None,

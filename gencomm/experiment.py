@@ -59,9 +59,11 @@ class ExperimentConfig:
     def __post_init__(self):
         model_types = set(self.model.get("agent_types", {}))
         data_types = set(self.data.agent_types)
-        if model_types and model_types != data_types:
+        early = self.model.get("fusion") == "early"
+        if model_types and (not model_types <= data_types if early else model_types != data_types):
             raise ValueError(f"data.agent_types {sorted(data_types)} and model.agent_types "
-                             f"{sorted(model_types)} must name the same types")
+                             f"{sorted(model_types)} must name the same types (early fusion: the "
+                             f"model's types are the egos', a subset of the data's)")
 
 
 def load_experiment(path, overrides: Sequence[str] = ()) -> ExperimentConfig:
@@ -87,8 +89,8 @@ def reader_kwargs(data: DataConfig) -> Dict[str, object]:
     kw: Dict[str, object] = {"skip_bad": data.skip_bad_frames}
     if data.format == "opv2v":
         modality = data.modality
-        if modality.startswith("all:"):
-            modality = "in_order"
+        if modality.startswith(("all:", "cycle:")):
+            modality = "in_order"  # the dataset overrides the types
         elif modality != "in_order":
             p = Path(modality)
             modality = str(p if p.is_absolute() else Path(data.root) / p)

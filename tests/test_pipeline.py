@@ -127,3 +127,15 @@ def test_alliance_filter_and_clear_errors():
     ds.cfg.agent_types = {"m9": AgentTypeData()}
     with pytest.raises(ValueError, match="no agent of the alliance types"):
         ds[0]
+
+
+def test_modality_overrides():
+    from opencood_ext.data.dataset import type_override
+    assert type_override("all:m3") == ["m3"] and type_override("cycle:m1, m3") == ["m1", "m3"]
+    assert type_override("in_order") is None
+    with pytest.raises(ValueError, match="all:<type>"):
+        type_override("all:m1,m2")
+    pp3 = dict(PP)
+    model = CooperativeDetector({"m1": PP, "m3": pp3}, RANGE)
+    ds = _dataset(model, "all", alliance=["m1", "m3"], modality="cycle:m1,m3")
+    assert [a.agent_type for a in ds[0].agents] == ["m1", "m3", "m1"]

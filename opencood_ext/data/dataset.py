@@ -61,7 +61,8 @@ class DataConfig:
     """The ``data:`` section of an experiment.
 
     modality: assignment of agent types: "in_order", a JSON path (relative to
-        ``root``), or "all:<type>" (every agent is that type: stage-1 training).
+        ``root``), "all:<type>" (every agent is that type: stage-1 training) or
+        "cycle:<t1>,<t2>" (t1, t2, t1, ... over the sorted agents).
     agent_types: the alliance; agents of other types are left out.
     lidar_range: (xmin, ymin, zmin, xmax, ymax, zmax) of the ego's detection area.
     """
@@ -115,11 +116,19 @@ class Sample:
     sent_bytes: List[int] = field(default_factory=list)  # early fusion: raw points each collaborator sent
 
 
-def _resolve_modality(cfg: DataConfig):
-    """Reader ``modality`` argument and an optional forced type for "all:<type>"."""
-    if cfg.modality.startswith("all:"):
-        return "in_order", cfg.modality[4:]
-    return cfg.modality, None
+def type_override(modality: str) -> Optional[List[str]]:
+    """Types forced on agents by ``modality``, cycled over the sorted agents, or None.
+
+    "all:m1" -> ["m1"] (every agent is m1: stage-1 training); "cycle:m1,m3" ->
+    ["m1", "m3"] (m1, m3, m1, ... by sorted id). Anything else is left to the reader.
+    """
+    for prefix in ("all:", "cycle:"):
+        if modality.startswith(prefix):
+            types = [t.strip() for t in modality[len(prefix):].split(",") if t.strip()]
+            if not types or (prefix == "all:" and len(types) != 1):
+                raise ValueError(f"data.modality {modality!r}: expected 'all:<type>' or 'cycle:<t1>,<t2>,...'")
+            return types
+    return None
 
 
 class CooperativeDataset(Dataset):
@@ -136,12 +145,14 @@ class CooperativeDataset(Dataset):
         self.train = train
         self.cooperation = cooperation
         self.seed = seed
-        _, self.forced_type = _resolve_modality(cfg)
+        self.forced_types = type_override(cfg.modality)
         self.voxelizers = {}
         for name, spec in cfg.agent_types.items():
             if spec.sensor != "lidar":
                 continue
             if not voxel_sizes.get(name):
+                if cooperation == "early":
+                    continue  # early fusion voxelises the merged cloud with the ego type's voxels
                 raise ValueError(f"data.agent_types.{name} is a LiDAR type but the model has no LiDAR "
                                  f"encoder (voxel size) for it; model types: {sorted(voxel_sizes)}")
             self.voxelizers[name] = Voxelizer(voxel_sizes[name], cfg.lidar_range,
@@ -154,16 +165,21 @@ class CooperativeDataset(Dataset):
         return min(n, self.cfg.max_frames) if self.cfg.max_frames else n
 
     # ------------------------------------------------------------------ selection
-    def _type_of(self, agent: AgentObs) -> str:
-        return self.forced_type or agent.agent_type
+    def read_frame(self, index: int) -> Frame:
+        """The reader's frame with ``data.modality`` overrides applied to agent types."""
+        frame = self.reader[index]
+        if self.forced_types:
+            for k, a in enumerate(frame.agents):
+                a.agent_type = self.forced_types[k % len(self.forced_types)]
+        return frame
 
     def select_agents(self, frame: Frame, rng: np.random.Generator) -> List[AgentObs]:
         """Ego first, then collaborators in range and in the alliance (sorted order)."""
-        members = [a for a in frame.agents if self._type_of(a) in self.cfg.agent_types]
+        members = [a for a in frame.agents if a.agent_type in self.cfg.agent_types]
         if not members:
             raise ValueError(f"{frame.source or frame.scenario}/{frame.timestamp}: no agent of the "
                              f"alliance types {sorted(self.cfg.agent_types)}; agent types here are "
-                             f"{sorted({self._type_of(a) for a in frame.agents})}")
+                             f"{sorted({a.agent_type for a in frame.agents})}")
         ego = members[int(rng.integers(len(members)))] if (self.train and self.cfg.random_ego) else members[0]
         if self.cooperation in ("ego_only",):
             return [ego]
@@ -177,14 +193,14 @@ class CooperativeDataset(Dataset):
         if beams == 64:
             return agent.lidar
         if beams not in agent.lidar_beams:
-            raise ValueError(f"agent {agent.agent_id} ({self._type_of(agent)}) needs the {beams}-beam scan "
+            raise ValueError(f"agent {agent.agent_id} ({agent.agent_type}) needs the {beams}-beam scan "
                              f"(OPV2V-H '_{beams}.pcd'), which this dataset does not have")
         return agent.lidar_beams[beams]
 
     def _camera_input(self, agent: AgentObs, spec: AgentTypeData, out: AgentInput) -> None:
         cams = [c for c in agent.cameras if c.image is not None]
         if not cams:
-            raise ValueError(f"agent {agent.agent_id} ({self._type_of(agent)}) is a camera type "
+            raise ValueError(f"agent {agent.agent_id} ({agent.agent_type}) is a camera type "
                              f"but its frame has no camera images")
         H, W = spec.image_size
         images, Ks, exts, depths = [], [], [], []
@@ -211,7 +227,7 @@ class CooperativeDataset(Dataset):
 
     # ------------------------------------------------------------------ item
     def __getitem__(self, index: int) -> Sample:
-        frame = self.reader[index]
+        frame = self.read_frame(index)
         # training draws follow torch's RNG (seeded per run and worker by the trainer), so each
         # epoch sees new augmentations; evaluation draws nothing random.
         rng = np.random.default_rng((self.seed, index, int(torch.randint(0, 2**31 - 1, ()))
@@ -227,14 +243,14 @@ class CooperativeDataset(Dataset):
         if self.cooperation == "early":
             merged, sent = [], []
             for a in agents:
-                spec = self.cfg.agent_types[self._type_of(a)]
+                spec = self.cfg.agent_types[a.agent_type]
                 if spec.sensor != "lidar":
                     continue
                 T = T_augego_from_world @ a.T_world_from_lidar
                 merged.append(transform_points(T, self._points(a, spec.lidar_beams)))
                 if a is not ego:
                     sent.append(int(merged[-1].nbytes))
-            ego_type = self._type_of(ego)
+            ego_type = ego.agent_type
             if self.cfg.agent_types[ego_type].sensor != "lidar":
                 raise ValueError(f"early fusion needs a LiDAR ego; ego type {ego_type} is a camera")
             pts = np.concatenate(merged).astype(np.float32)
@@ -242,7 +258,7 @@ class CooperativeDataset(Dataset):
                                      voxels=self.voxelizers[ego_type](pts), num_points=len(pts)))
         else:
             for a in agents:
-                t = self._type_of(a)
+                t = a.agent_type
                 spec = self.cfg.agent_types[t]
                 T = T_augego_from_world @ a.T_world_from_lidar
                 pts = self._points(a, spec.lidar_beams) if spec.sensor == "lidar" else None
