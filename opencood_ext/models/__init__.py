@@ -1,0 +1,89 @@
+"""Detection model components and the config registry.
+
+``REGISTRY`` maps config ``type`` names to classes explicitly; :func:`build`
+turns a spec dict ``{"type": name, **constructor_args}`` into a module after
+checking the keys against the constructor signature (a typo gets the closest
+valid key in the error).
+"""
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Any, Dict, Mapping, Optional
+
+
+def _close(word: str, choices) -> str:
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def build(spec: Mapping[str, Any], registry: Mapping[str, type], where: str,
+          default_type: Optional[str] = None, **derived):
+    """Instantiate ``registry[spec["type"]](**args)``.
+
+    spec: ``{"type": name, **args}``; ``type`` may be omitted when ``default_type`` is given.
+    where: config location for error messages, e.g. ``"configs/x.yaml: model.encoders.m1"``.
+    derived: arguments computed by the caller (``in_channels``, ``lidar_range``); the
+        spec may not set them, since the yaml never repeats a derivable number.
+    """
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"{where}: expected a mapping with a 'type' key, got {type(spec).__name__}")
+    name = spec.get("type", default_type)
+    if name is None:
+        raise ValueError(f"{where}: missing 'type'; one of {sorted(registry)}")
+    if name not in registry:
+        raise ValueError(f"{where}.type: unknown '{name}'{_close(str(name), registry)}; "
+                         f"valid types are {sorted(registry)}")
+    cls = registry[name]
+    args = {k: v for k, v in spec.items() if k != "type"}
+    params = {k: p for k, p in inspect.signature(cls.__init__).parameters.items()
+              if k != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    for key in args:
+        if key in derived:
+            raise ValueError(f"{where}.{key}: is derived from the rest of the model (here {derived[key]!r}); "
+                             f"remove it from the config")
+        if key not in params:
+            raise ValueError(f"{where}.{key}: not an argument of '{name}'{_close(key, params)}; "
+                             f"valid keys are {sorted(k for k in params if k not in derived)}")
+    for key in derived:
+        if key not in params:
+            raise TypeError(f"{where}: '{name}' does not take the derived argument '{key}'")
+    missing = [k for k, p in params.items()
+               if p.default is inspect.Parameter.empty and k not in args and k not in derived]
+    if missing:
+        raise ValueError(f"{where}: '{name}' needs {missing}")
+    return cls(**args, **derived)
+
+
+from .anchors import AnchorGenerator, BoxCoder, Targets, assign_targets  # noqa: E402
+from .backbone import ResNetBEVBackbone, ShrinkConv  # noqa: E402
+from .encoder_stack import EncoderStack  # noqa: E402
+from .head import AnchorHead, HeadOutput  # noqa: E402
+from .inputs import CameraInput, EncoderOutput, LidarInput  # noqa: E402
+from .losses import DetectionLoss, LossTerms  # noqa: E402
+from .lss import LSSEncoder  # noqa: E402
+from .pointpillars import PointPillarEncoder  # noqa: E402
+from .second import SecondEncoder  # noqa: E402
+
+ENCODERS: Dict[str, type] = {
+    "pointpillars": PointPillarEncoder,
+    "second": SecondEncoder,
+    "lss": LSSEncoder,
+}
+BACKBONES: Dict[str, type] = {
+    "resnet_bev": ResNetBEVBackbone,
+}
+REGISTRY: Dict[str, type] = {
+    **ENCODERS,
+    **BACKBONES,
+    "shrink": ShrinkConv,
+    "encoder_stack": EncoderStack,
+    "anchor_head": AnchorHead,
+}
+
+__all__ = [
+    "REGISTRY", "ENCODERS", "BACKBONES", "build", "AnchorGenerator", "BoxCoder", "Targets",
+    "assign_targets", "ResNetBEVBackbone", "ShrinkConv", "EncoderStack", "AnchorHead", "HeadOutput",
+    "CameraInput", "LidarInput", "EncoderOutput", "DetectionLoss", "LossTerms", "LSSEncoder",
+    "PointPillarEncoder", "SecondEncoder",
+]

@@ -1,0 +1,91 @@
+"""One agent type's perception stack up to the shared BEV feature:
+encoder -> BEV backbone -> shrink conv -> (A, shrink_channels, H, W).
+
+Every agent type of a model must end on the same :class:`BEVGrid` so features
+can be fused: compare ``stack.grid`` across types (the lead's model does).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+
+from torch import nn
+
+from .inputs import CameraInput, EncoderOutput, LidarInput
+
+
+@dataclass(frozen=True)
+class BEVGrid:
+    """Geometry of a BEV feature map (A, C, H, W): H rows along y, W columns along x.
+
+    lidar_range: (xmin, ymin, zmin, xmax, ymax, zmax); shape: (H, W);
+    cell: (cell_x, cell_y) metres; row r, column c cover
+    ``[ymin + r cell_y, ymin + (r + 1) cell_y) x [xmin + c cell_x, ...)``.
+    """
+
+    lidar_range: Tuple[float, ...]
+    shape: Tuple[int, int]
+    cell: Tuple[float, float]
+
+    def matches(self, other: "BEVGrid", tol: float = 1e-6) -> bool:
+        return (self.shape == other.shape
+                and all(abs(a - b) <= tol for a, b in zip(self.lidar_range, other.lidar_range))
+                and all(abs(a - b) <= tol for a, b in zip(self.cell, other.cell)))
+
+
+class EncoderStack(nn.Module):
+    """Encoder + backbone + shrink, built from spec dicts through the registry.
+
+    encoder: ``{"type": "pointpillars" | "second" | "lss", **args}`` (no ``lidar_range``:
+        it is given once, here).
+    backbone: ``{"type": "resnet_bev" (default), **args}`` (no ``in_channels``).
+    lidar_range: (xmin, ymin, zmin, xmax, ymax, zmax) of the agent's LiDAR frame.
+    shrink_channels: width of the output feature (``out_channels``).
+    where: config location used in error messages.
+
+    forward(LidarInput | CameraInput) -> EncoderOutput(bev (A, shrink_channels, H, W),
+    depth_logits or None).
+    """
+
+    def __init__(self, encoder: Mapping[str, Any], backbone: Mapping[str, Any],
+                 lidar_range: Sequence[float], shrink_channels: int = 128, where: str = "encoder_stack"):
+        super().__init__()
+        # local import: the registry lives in the package __init__, which imports this module
+        from . import BACKBONES, ENCODERS, build
+
+        self.encoder = build(encoder, ENCODERS, f"{where}.encoder", lidar_range=list(lidar_range))
+        self.backbone = build(backbone, BACKBONES, f"{where}.backbone", default_type="resnet_bev",
+                              in_channels=self.encoder.out_channels)
+        from .backbone import ShrinkConv
+
+        self.shrink = ShrinkConv(self.backbone.out_channels, shrink_channels)
+        self.out_channels = self.shrink.out_channels
+        try:
+            shape = self.backbone.out_shape(self.encoder.bev_shape)
+        except ValueError as e:
+            raise ValueError(f"{where}: encoder BEV grid {self.encoder.bev_shape}: {e}") from None
+        s = self.backbone.out_stride
+        cell = (self.encoder.bev_cell[0] * s, self.encoder.bev_cell[1] * s)
+        self.grid = BEVGrid(tuple(float(x) for x in lidar_range), shape, cell)
+
+    @property
+    def input_kind(self) -> str:
+        """"lidar" (feed :class:`LidarInput`) or "camera" (feed :class:`CameraInput`)."""
+        return self.encoder.input_kind
+
+    @property
+    def voxel_size(self) -> Optional[Tuple[float, float, float]]:
+        """Voxel size the data pipeline must voxelise with (lidar types), else None."""
+        return self.encoder.voxel_size if self.input_kind == "lidar" else None
+
+    @property
+    def feature_shape(self) -> Tuple[int, int]:
+        return self.grid.shape
+
+    def forward(self, data: Union[LidarInput, CameraInput]) -> EncoderOutput:
+        expected = LidarInput if self.input_kind == "lidar" else CameraInput
+        if not isinstance(data, expected):
+            raise TypeError(f"this {type(self.encoder).__name__} stack takes {expected.__name__}, "
+                            f"got {type(data).__name__}")
+        out = self.encoder(data)
+        return EncoderOutput(bev=self.shrink(self.backbone(out.bev)), depth_logits=out.depth_logits)

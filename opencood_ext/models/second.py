@@ -1,0 +1,126 @@
+"""SECOND encoder: mean voxel features -> sparse 3D conv backbone -> dense BEV.
+
+Input :class:`LidarInput` with small cubic voxels (coords ``[a, z, y, x]`` on the
+``(nz, ny, nx)`` grid of ``lidar_range`` / ``voxel_size``). Each stage after the
+first halves z, y and x with a stride-2 ``SparseConv3d`` and refines with
+``SubMConv3d`` blocks; a final ``(3, 1, 1)`` stride-``(2, 1, 1)`` conv compresses
+z. The dense result ``(A, Cz, D, H, W)`` is reshaped to ``(A, Cz * D, H, W)``
+(H along y, W along x), one cell = ``voxel_size[:2] * 2 ** (len(channels) - 1)``.
+
+CPU note (applied once, on import of this module, only when CUDA is absent):
+spconv 2.3.8 asks ``torch.cuda.current_stream()`` for a stream handle in its
+backward and hash-table code even for CPU tensors, which fails on a CPU-only
+torch. :func:`install_cpu_stream_shim` replaces that lookup with one returning 0
+(no stream), which the CPU kernels ignore.
+"""
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import torch
+from torch import nn
+
+import spconv.pytorch as spconv
+
+from opencood_ext.data.voxelize import grid_shape
+
+from .inputs import EncoderOutput, LidarInput
+
+
+def _no_stream() -> int:
+    return 0
+
+
+def install_cpu_stream_shim() -> bool:
+    """Make spconv's CPU backward work without CUDA (see module docstring).
+
+    Returns True when the shim was installed, False when CUDA is available and
+    spconv is left untouched.
+    """
+    if torch.cuda.is_available():
+        return False
+    import spconv.pytorch.hash as sp_hash
+    import spconv.pytorch.ops as sp_ops
+
+    sp_ops.get_current_stream = _no_stream
+    sp_hash.get_current_stream = _no_stream
+    return True
+
+
+install_cpu_stream_shim()
+
+
+def _conv_out(n: int, kernel: int, stride: int, padding: int) -> int:
+    return (n + 2 * padding - kernel) // stride + 1
+
+
+def _block(conv: nn.Module, channels: int) -> spconv.SparseSequential:
+    return spconv.SparseSequential(conv, nn.BatchNorm1d(channels, eps=1e-3, momentum=0.01), nn.ReLU())
+
+
+class SecondEncoder(nn.Module):
+    """Mean-VFE + sparse 3D backbone + height compression.
+
+    channels: width of each stage; stage 0 keeps the resolution, each later stage
+        downsamples by 2 in z, y, x (so the BEV stride is ``2 ** (len(channels) - 1)``).
+    blocks: ``SubMConv3d`` blocks per stage (same length as ``channels``).
+    out_z_channels: channels of the z-compression conv; ``out_channels`` is this
+        times the remaining depth, derived from the grid.
+    """
+
+    input_kind = "lidar"
+
+    def __init__(self, lidar_range: Sequence[float], voxel_size: Sequence[float] = (0.1, 0.1, 0.1),
+                 channels: Sequence[int] = (16, 32, 64, 64), blocks: Sequence[int] = (1, 2, 2, 2),
+                 out_z_channels: int = 128):
+        super().__init__()
+        if len(channels) != len(blocks) or not channels:
+            raise ValueError(f"second: channels {list(channels)} and blocks {list(blocks)} must be "
+                             f"non-empty lists of the same length")
+        self.lidar_range = tuple(float(x) for x in lidar_range)
+        self.voxel_size = tuple(float(x) for x in voxel_size)
+        self.sparse_shape = list(grid_shape(lidar_range, voxel_size))  # [nz, ny, nx]
+        stages = []
+        shape = list(self.sparse_shape)
+        cin = 4
+        for i, (c, nb) in enumerate(zip(channels, blocks)):
+            if i == 0:
+                layers = [_block(spconv.SubMConv3d(cin, c, 3, padding=1, bias=False, indice_key="subm0"), c)]
+            else:
+                layers = [_block(spconv.SparseConv3d(cin, c, 3, stride=2, padding=1, bias=False,
+                                                     indice_key=f"down{i}"), c)]
+                shape = [_conv_out(n, 3, 2, 1) for n in shape]
+            layers += [_block(spconv.SubMConv3d(c, c, 3, padding=1, bias=False, indice_key=f"subm{i}"), c)
+                       for _ in range(nb)]
+            stages.append(spconv.SparseSequential(*layers))
+            cin = c
+        self.stages = nn.ModuleList(stages)
+        self.z_conv = _block(spconv.SparseConv3d(cin, out_z_channels, (3, 1, 1), stride=(2, 1, 1),
+                                                 padding=0, bias=False, indice_key="zdown"), out_z_channels)
+        depth = _conv_out(shape[0], 3, 2, 0)
+        if depth < 1:
+            raise ValueError(f"second: the grid has only {self.sparse_shape[0]} z layers, too few for "
+                             f"{len(channels) - 1} stride-2 stages plus the z-compression conv")
+        self.out_depth = depth
+        self.out_channels = int(out_z_channels * depth)
+        self.out_stride = 2 ** (len(channels) - 1)
+        self.bev_shape: Tuple[int, int] = (shape[1], shape[2])
+        self.bev_cell = (self.voxel_size[0] * self.out_stride, self.voxel_size[1] * self.out_stride)
+
+    @staticmethod
+    def mean_features(voxels: torch.Tensor, num_points: torch.Tensor) -> torch.Tensor:
+        """(V, P, 4), (V,) -> (V, 4) mean of the valid points (padding rows are zero)."""
+        return voxels.sum(dim=1) / num_points.clamp(min=1)[:, None].to(voxels.dtype)
+
+    def forward(self, data: LidarInput) -> EncoderOutput:
+        if data.coords.shape[0] == 0:  # spconv cannot run on an empty tensor: nothing seen, all zeros
+            h, w = self.bev_shape
+            return EncoderOutput(bev=data.voxels.new_zeros(data.num_agents, self.out_channels, h, w))
+        feats = self.mean_features(data.voxels, data.num_points)
+        x = spconv.SparseConvTensor(feats, data.coords.int(), self.sparse_shape, data.num_agents)
+        for stage in self.stages:
+            x = stage(x)
+        x = self.z_conv(x)
+        dense = x.dense()  # (A, Cz, D, H, W)
+        a, c, d, h, w = dense.shape
+        return EncoderOutput(bev=dense.reshape(a, c * d, h, w))
