@@ -85,7 +85,8 @@ class CooperativeDetector(nn.Module):
         self.lidar_range = [float(v) for v in lidar_range]
         self.fusion = fusion
         self.encoders = nn.ModuleDict({
-            t: EncoderStack(lidar_range=self.lidar_range, where=f"model.agent_types.{t}", **spec)
+            t: build(spec, {"stack": EncoderStack}, f"model.agent_types.{t}", default_type="stack",
+                     lidar_range=self.lidar_range)
             for t, spec in agent_types.items()})
         grids = {t: s.grid for t, s in self.encoders.items()}
         first_t, first = next(iter(grids.items()))
