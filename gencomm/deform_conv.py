@@ -1,0 +1,169 @@
+"""Deformable 2D convolution built from ``torch.nn.functional.grid_sample``.
+
+Pure PyTorch (no compiled extension), so it runs wherever torch runs and its
+backward comes from autograd. It follows ``torchvision.ops.deform_conv2d``
+exactly (same arguments, same layouts, same bilinear/zero-border semantics);
+``tests/test_deform_conv.py`` checks it against a plain per-pixel reference
+and, where torchvision imports, against torchvision itself.
+
+Layouts (torchvision's, read from its CPU kernel ``deform_conv2d_kernel.cpp``):
+
+- ``offset``: (N, 2 * offset_groups * kh * kw, H_out, W_out). For offset group
+  ``g`` and kernel tap ``k = i * kw + j`` (row-major over the kernel), channel
+  ``g * 2*kh*kw + 2*k`` is the ROW offset ``dy`` and channel ``... + 2*k + 1``
+  the COLUMN offset ``dx``, both in input pixels.
+- ``mask`` (modulated, DCNv2): (N, offset_groups * kh * kw, H_out, W_out),
+  channel ``g * kh*kw + k``.
+- Tap ``(i, j)`` of output pixel ``(oy, ox)`` reads the input at
+  ``y = oy*stride_h - pad_h + i*dil_h + dy``, ``x = ox*stride_w - pad_w + j*dil_w + dx``
+  by bilinear interpolation; corners outside the image count as zero (so a
+  sample at y <= -1 or y >= H is zero), which is grid_sample's
+  ``padding_mode="zeros"`` with ``align_corners=False`` once pixel ``p`` maps to
+  the normalised coordinate ``(2p + 1) / size - 1``.
+- Input channels ``[g*C/G, (g+1)*C/G)`` use offset group ``g``; ``groups``
+  splits channels for the weight as in ``nn.Conv2d``.
+
+Cost (MACs, the convention of :mod:`gencomm.flops`): sampling is 4 MACs per
+sampled value (C_in * kh*kw * H_out*W_out values, plus 1 for the mask when
+modulated); the contraction is C_out * (C_in/groups) * kh*kw * H_out*W_out.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+IntPair = Union[int, Tuple[int, int]]
+
+
+def _pair(v: IntPair, name: str) -> Tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    t = tuple(int(a) for a in v)
+    if len(t) != 2:
+        raise ValueError(f"{name} must be an int or a pair of ints, got {v!r}")
+    return t  # type: ignore[return-value]
+
+
+def deform_conv2d(
+    input: torch.Tensor,
+    offset: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    stride: IntPair = (1, 1),
+    padding: IntPair = (0, 0),
+    dilation: IntPair = (1, 1),
+    mask: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Deformable convolution with torchvision's signature and layouts.
+
+    input (N, C_in, H, W); offset (N, 2*G*kh*kw, H_out, W_out);
+    weight (C_out, C_in/groups, kh, kw); bias (C_out,); mask (N, G*kh*kw,
+    H_out, W_out) or None. ``G`` (offset groups) and ``groups`` are inferred
+    from the shapes as torchvision does. Returns (N, C_out, H_out, W_out).
+    """
+    sh, sw = _pair(stride, "stride")
+    ph, pw = _pair(padding, "padding")
+    dh, dw = _pair(dilation, "dilation")
+    if input.dim() != 4 or offset.dim() != 4 or weight.dim() != 4:
+        raise ValueError(
+            f"deform_conv2d expects 4-D input, offset and weight, got {tuple(input.shape)}, "
+            f"{tuple(offset.shape)}, {tuple(weight.shape)}")
+    n, c_in, h, w = input.shape
+    c_out, c_per_group, kh, kw = weight.shape
+    kk = kh * kw
+    if c_in % c_per_group:
+        raise ValueError(f"weight expects {c_per_group} input channels per group; input has {c_in}")
+    groups = c_in // c_per_group
+    if c_out % groups:
+        raise ValueError(f"out channels {c_out} not divisible by groups {groups}")
+    h_out = (h + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1
+    w_out = (w + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
+    if h_out <= 0 or w_out <= 0:
+        raise ValueError(f"input {h}x{w} too small for kernel {kh}x{kw} with padding {ph},{pw}")
+    if offset.shape[0] != n or offset.shape[2:] != (h_out, w_out) or offset.shape[1] % (2 * kk):
+        raise ValueError(
+            f"offset must be (N={n}, 2*G*{kk}, {h_out}, {w_out}), got {tuple(offset.shape)}")
+    n_off = offset.shape[1] // (2 * kk)
+    if c_in % n_off:
+        raise ValueError(f"input channels {c_in} not divisible by offset groups {n_off}")
+    if mask is not None and tuple(mask.shape) != (n, n_off * kk, h_out, w_out):
+        raise ValueError(f"mask must be ({n}, {n_off * kk}, {h_out}, {w_out}), got {tuple(mask.shape)}")
+
+    dev, dt = input.device, input.dtype
+    # Sampling positions in input pixels: base (kk, h_out, w_out) + offsets.
+    ki = torch.arange(kh, device=dev, dtype=dt).repeat_interleave(kw) * dh  # (kk,)
+    kj = torch.arange(kw, device=dev, dtype=dt).repeat(kh) * dw
+    oy = torch.arange(h_out, device=dev, dtype=dt) * sh - ph
+    ox = torch.arange(w_out, device=dev, dtype=dt) * sw - pw
+    base_y = ki[:, None, None] + oy[None, :, None]  # (kk, h_out, 1)
+    base_x = kj[:, None, None] + ox[None, None, :]  # (kk, 1, w_out)
+    off = offset.reshape(n, n_off, kk, 2, h_out, w_out)
+    y = base_y + off[:, :, :, 0]  # (n, G, kk, h_out, w_out)
+    x = base_x + off[:, :, :, 1]
+    # Pixel -> normalised coordinate for align_corners=False.
+    gx = (2.0 * x + 1.0) / w - 1.0
+    gy = (2.0 * y + 1.0) / h - 1.0
+    grid = torch.stack((gx, gy), dim=-1).reshape(n * n_off, kk * h_out, w_out, 2)
+    cg = c_in // n_off
+    sampled = F.grid_sample(input.reshape(n * n_off, cg, h, w), grid, mode="bilinear",
+                            padding_mode="zeros", align_corners=False)
+    # (n*G, cg, kk*h_out, w_out) -> (n, G, cg, kk, L)
+    sampled = sampled.reshape(n, n_off, cg, kk, h_out * w_out)
+    if mask is not None:
+        sampled = sampled * mask.reshape(n, n_off, 1, kk, h_out * w_out)
+    # Columns ordered (channel, tap) to match weight.view(C_out, C_in/groups * kk).
+    cols = sampled.reshape(n, groups, c_per_group * kk, h_out * w_out)
+    wmat = weight.reshape(groups, c_out // groups, c_per_group * kk)
+    out = torch.matmul(wmat, cols).reshape(n, c_out, h_out, w_out)
+    if bias is not None:
+        out = out + bias.view(1, c_out, 1, 1)
+    return out
+
+
+class DeformConv2d(nn.Module):
+    """Deformable convolution layer; offsets (and the DCNv2 mask) are inputs.
+
+    Same constructor and ``forward(x, offset, mask=None)`` as
+    ``torchvision.ops.DeformConv2d``; the offset predictor lives with the
+    caller (see :class:`gencomm.message.DeformableMessageExtractor`).
+
+    x (N, in_ch, H, W), offset (N, 2*G*k*k, H_out, W_out), mask (N, G*k*k,
+    H_out, W_out) or None -> (N, out_ch, H_out, W_out).
+    """
+
+    def __init__(self, in_ch: int, out_ch: int, kernel_size: IntPair = 3, padding: IntPair = 1,
+                 stride: IntPair = 1, dilation: IntPair = 1, groups: int = 1, bias: bool = True):
+        super().__init__()
+        if in_ch % groups or out_ch % groups:
+            raise ValueError(f"in_ch {in_ch} and out_ch {out_ch} must be divisible by groups {groups}")
+        self.in_channels = in_ch
+        self.out_channels = out_ch
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.padding = _pair(padding, "padding")
+        self.stride = _pair(stride, "stride")
+        self.dilation = _pair(dilation, "dilation")
+        self.groups = groups
+        self.weight = nn.Parameter(torch.empty(out_ch, in_ch // groups, *self.kernel_size))
+        self.bias = nn.Parameter(torch.empty(out_ch)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in = self.weight.shape[1] * self.kernel_size[0] * self.kernel_size[1]
+            bound = 1.0 / math.sqrt(fan_in)
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor, offset: torch.Tensor,
+                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return deform_conv2d(x, offset, self.weight, self.bias, self.stride, self.padding,
+                             self.dilation, mask)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
+                f"groups={self.groups}, bias={self.bias is not None}")

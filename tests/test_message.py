@@ -1,0 +1,78 @@
+"""Deformable Message Extractor: shapes, parameter budget, deformable path, FLOP counting."""
+import pytest
+import torch
+from torch import nn
+
+from gencomm.deform_conv import DeformConv2d
+from gencomm.flops import count_flops, count_parameters, profile_flops
+from gencomm.message import DeformableMessageExtractor
+
+
+def test_shape_and_frame_preserved():
+    dme = DeformableMessageExtractor(in_channels=16, hidden_channels=8, message_channels=2, se_reduction=2)
+    out = dme(torch.randn(3, 16, 5, 7))
+    assert out.shape == (3, 2, 5, 7)
+    assert dme.out_channels == 2
+
+
+def test_parameter_count_near_paper():
+    dme = DeformableMessageExtractor()  # C=128
+    n = count_parameters(dme)
+    assert n == 103_156  # the arithmetic in gencomm/message.py
+    assert abs(n - 103_000) / 103_000 < 0.10
+    assert count_parameters(dme, trainable_only=True) == n
+    dme.offset.weight.requires_grad_(False)
+    assert count_parameters(dme, trainable_only=True) == n - dme.offset.weight.numel()
+
+
+def test_offsets_are_used_and_trainable():
+    torch.manual_seed(0)
+    dme = DeformableMessageExtractor(in_channels=8, hidden_channels=8, se_reduction=2).eval()
+    x = torch.randn(2, 8, 6, 6)
+    before = dme(x)
+    with torch.no_grad():
+        dme.offset.bias.fill_(0.7)  # shift every tap by 0.7 px
+    after = dme(x)
+    assert not torch.allclose(before, after)
+    dme.train()
+    dme(x).square().mean().backward()
+    assert dme.offset.weight.grad is not None and dme.offset.weight.grad.abs().sum() > 0
+    assert dme.deform.weight.grad.abs().sum() > 0
+
+
+def test_wrong_channels_raises():
+    with pytest.raises(ValueError, match=r"\(N, 128, H, W\)"):
+        DeformableMessageExtractor()(torch.randn(1, 64, 4, 4))
+
+
+def test_flops_count_deformable_sampling():
+    c, d, h, w = 8, 4, 5, 6
+    dme = DeformableMessageExtractor(in_channels=c, hidden_channels=d, message_channels=2, se_reduction=2)
+    rep = profile_flops(dme, torch.randn(1, c, h, w))
+    hw = h * w
+    assert rep.by_type["Conv2d"] == hw * (c * 9 * 18 + d * d + d * 2)
+    assert rep.by_type["DeformConv2d"] == hw * (c * 9 * d + 4 * c * 9)
+    assert rep.by_type["Linear"] == d * (d // 2) * 2
+    assert rep.by_type["BatchNorm2d"] == 2 * d * hw
+    assert rep.flops == 2 * rep.macs == count_flops(dme, torch.randn(1, c, h, w))
+    assert dme.training  # mode restored
+
+
+def test_flops_modulated_and_conv_match_torch_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+    conv = nn.Conv2d(3, 5, 3, padding=1, groups=1)
+    x = torch.randn(2, 3, 4, 4)
+    with FlopCounterMode(display=False) as fc:
+        conv(x)
+    assert count_flops(conv, x) == fc.get_total_flops()
+
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dc = DeformConv2d(2, 3, 3, padding=1)
+
+        def forward(self, a, off, m):
+            return self.dc(a, off, m)
+
+    rep = profile_flops(Wrap(), (torch.randn(1, 2, 4, 4), torch.zeros(1, 18, 4, 4), torch.ones(1, 9, 4, 4)))
+    assert rep.macs == 16 * (2 * 9 * 3) + 16 * 2 * 9 * 5
