@@ -31,7 +31,10 @@ class CameraObs:
     image: (H, W, 3) uint8 RGB.
     depth: (H, W) float32 raw depth-image values, or None.
     K: (3, 3) float64 intrinsic matrix.
-    T_lidar_from_camera: (4, 4) float64, OPV2V's ``extrinsic`` (camera-to-LiDAR).
+    T_lidar_from_camera: (4, 4) float64 camera pose in the LiDAR frame. OPV2V's yaml
+        ``extrinsic`` is the INVERSE of this (it maps LiDAR points into the camera
+        frame; checked on the V2XSet fixture against ``cords``), so readers invert it.
+        The camera frame is CARLA's body frame: x forward (optical axis), y right, z up.
     T_world_from_camera: (4, 4) float64 from OPV2V's ``cords`` when known, else None.
     name: "camera0".."camera3" (front, right-rear, left-rear, back).
     """

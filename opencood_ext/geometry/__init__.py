@@ -1,7 +1,6 @@
 """Pose, box and rotated-IoU math. See each module's docstring for frames and shapes."""
 from .boxes import (boxes_to_corners, corners_to_boxes, limit_period, object_corners_world,
                     objects_to_boxes, points_in_boxes)
-from .iou import bev_corners, bev_iou, bev_iou_aligned, rotated_nms
 from .transforms import (invert_transform, matrix_to_pose, pose_to_matrix, relative_transform,
                          transform_points)
 
@@ -11,3 +10,14 @@ __all__ = [
     "objects_to_boxes", "points_in_boxes", "limit_period",
     "bev_iou", "bev_iou_aligned", "bev_corners", "rotated_nms",
 ]
+
+_TORCH_NAMES = {"bev_iou", "bev_iou_aligned", "bev_corners", "rotated_nms"}
+
+
+def __getattr__(name):
+    # The IoU functions need torch; importing it lazily keeps the numpy-only data
+    # layer (readers, inspect tool) quick to start.
+    if name in _TORCH_NAMES:
+        from . import iou
+        return getattr(iou, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,116 @@
+"""V2X-Real reader (FORMATS.md section 3).
+
+Layout: ``<root>/<split>/<scenario>/<agent_id>/<timestamp>.{bin,yaml}`` (and
+``_camera{i}.png``); negative agent ids are infrastructure. The ``.bin`` LiDAR
+is raw float32 ``(-1, 4)`` x, y, z, intensity; rows with NaN are dropped. The
+yaml is OPV2V-like (``lidar_pose``, ``vehicles`` with ``obj_type``), so the
+OPV2V reader does the rest; ``ObjectLabel.obj_type`` keeps the fine class and
+:func:`superclass` groups it.
+
+``mode`` decides which agents a frame holds and which one is the ego
+(``agents[0]``):
+
+* ``vc``: vehicle-centric, a vehicle ego with vehicle AND infrastructure
+  collaborators (vehicles by id, then infrastructure);
+* ``ic``: infrastructure-centric, an infrastructure ego (infrastructure by
+  |id| first, then vehicles);
+* ``v2v``: vehicles only;  ``i2i``: infrastructure only.
+
+Timestamps without an agent of the ego's kind are left out of the index.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Dict, Optional
+
+import numpy as np
+
+from ..errors import DataFormatError
+from .opv2v import OPV2VReader
+
+log = logging.getLogger(__name__)
+
+MODES = ("vc", "ic", "v2v", "i2i")
+
+V2XREAL_SUPERCLASS: Dict[str, str] = {
+    **{c: "vehicle" for c in ("Car", "PoliceCar", "LongVehicle")},
+    **{c: "pedestrian" for c in ("Pedestrian", "Child", "RoadWorker", "Scooter", "ScooterRider",
+                                 "Motorcycle", "MotorcyleRider", "MotorcycleRider", "BicycleRider")},
+    **{c: "truck" for c in ("Truck", "Van", "Bus", "TrashCan", "ConcreteTruck")},
+}
+_BY_LOWER = {k.lower(): v for k, v in V2XREAL_SUPERCLASS.items()}
+_RAISE = object()
+
+
+def superclass(name: str, default=_RAISE) -> Optional[str]:
+    """V2X-Real fine class -> ``"vehicle"`` / ``"pedestrian"`` / ``"truck"``
+    (case-insensitive; ``MotorcyleRider`` is the dataset's own spelling, the
+    correct one is accepted too). Unknown names raise ValueError unless a
+    ``default`` is given."""
+    sc = _BY_LOWER.get(str(name).lower())
+    if sc is None:
+        if default is _RAISE:
+            raise ValueError(f"unknown V2X-Real class {name!r}; known: {sorted(V2XREAL_SUPERCLASS)}")
+        return default
+    return sc
+
+
+def read_bin(path, intensity_scale: Optional[float] = None) -> np.ndarray:
+    """Raw float32 ``(-1, 4)`` -> (N, 4) float32 with intensity in 0..1 (NaN rows dropped).
+
+    ``intensity_scale``: raw value meaning 1.0; None detects it (1 if every
+    value is <= 1, else 255, 65535 or the maximum).
+    """
+    path = Path(path)
+    try:
+        raw = np.fromfile(path, dtype="<f4")
+    except OSError as exc:
+        raise DataFormatError(path, f"cannot read point cloud: {exc.strerror or exc}") from None
+    if raw.size % 4:
+        raise DataFormatError(path, f"size {raw.size * 4} bytes is not a whole number of 16-byte "
+                              "(x, y, z, intensity) float32 records")
+    pts = raw.reshape(-1, 4).astype(np.float32)
+    bad = np.isnan(pts).any(axis=1) | ~np.isfinite(pts[:, :3]).all(axis=1)
+    if bad.any():
+        log.info("%s: dropped %d of %d points with NaN/inf values", path, int(bad.sum()), len(pts))
+        pts = pts[~bad]
+    if intensity_scale is None:
+        top = float(pts[:, 3].max()) if len(pts) else 0.0
+        intensity_scale = next((s for s in (1.0, 255.0, 65535.0) if top <= s), top)
+    pts[:, 3] /= np.float32(intensity_scale)
+    return pts
+
+
+class V2XRealReader(OPV2VReader):
+    """Frames of one V2X-Real split; see the module docstring for ``mode``.
+
+    ``load_cameras`` defaults to False because V2X-Real's camera yaml keys are
+    unverified; when True, ``camera{i}`` entries must follow OPV2V's layout.
+    """
+
+    left_handed = False  # real-world LiDAR frames; plots do not flip y
+
+    def __init__(self, root, split: str, mode: str = "vc", skip_bad: bool = False,
+                 load_cameras: bool = False, intensity_scale: Optional[float] = None):
+        if mode not in MODES:
+            raise ValueError(f"V2X-Real mode must be one of {MODES}, got {mode!r}")
+        super().__init__(root, split, modality=None, load_cameras=load_cameras, load_depth=False,
+                         load_beams=False, skip_bad=skip_bad)
+        self.hetero_root = None
+        self.mode = mode
+        self.intensity_scale = intensity_scale
+        keys = []
+        for scen, ts, ids in self._keys:
+            veh = [a for a in ids if a >= 0]
+            inf = [a for a in ids if a < 0]  # already ordered by |id|
+            agents = {"vc": veh + inf if veh else [], "ic": inf + veh if inf else [],
+                      "v2v": veh, "i2i": inf}[mode]
+            if agents:
+                keys.append((scen, ts, tuple(agents)))
+        if not keys:
+            raise DataFormatError(self._split_dir, f"no frame has an agent usable as ego in mode {mode!r}")
+        self._keys = keys
+
+    def _load_lidar(self, agent_dir: Path, ts: str) -> np.ndarray:
+        return read_bin(agent_dir / f"{ts}.bin", self.intensity_scale)
