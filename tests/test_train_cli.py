@@ -1,0 +1,120 @@
+"""End to end on a tiny OPV2V-format dataset written from synthetic frames:
+train.py (new run and resume), inference.py, onboard.py (GenComm stage 2)."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from opencood_ext.data.formats import write_opv2v_frame
+from synthetic import make_frame
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import inference  # noqa: E402
+import onboard  # noqa: E402
+import train  # noqa: E402
+
+TINY = {
+    "data": {"format": "opv2v", "lidar_range": [-32.0, -32.0, -3.0, 32.0, 32.0, 1.0], "max_agents": 3,
+             "augment": {"enabled": True, "rotation_deg": 20.0}},
+    "model": {"anchors": {"z_center": -1.0}},
+    "train": {"epochs": 1, "batch_size": 2, "lr": 0.002, "log_every": 1, "progress_bar": False},
+    "eval": {"split": "test", "plot_every": 1},
+}
+BACKBONE = {"layer_nums": [1, 1], "layer_strides": [2, 2], "num_filters": [8, 16],
+            "upsample_strides": [1, 2], "num_upsample_filters": [8, 8]}
+
+
+def _type(encoder):
+    return {"encoder": encoder, "backbone": BACKBONE, "shrink_channels": 8}
+
+
+PP = _type({"type": "pointpillars", "voxel_size": [0.8, 0.8, 4.0], "num_filters": [8]})
+SECOND = _type({"type": "second", "voxel_size": [0.4, 0.4, 0.5], "channels": [8, 8], "blocks": [1, 1]})
+GENCOMM = {"type": "gencomm", "message": {"hidden_channels": 8}, "generator": {"base_channels": 8}}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_opv2v")
+    for split, seeds in {"train": [0, 1, 2, 3], "validate": [4], "test": [5, 6]}.items():
+        for s in seeds:
+            f = make_frame(seed=s, scenario=f"scn_{s}", timestamp="000068")
+            write_opv2v_frame(root, split, f, write_cameras=False)
+    return root
+
+
+def _config(tmp_path, root, name, agent_types, model, modality="all:m1"):
+    cfg = json.loads(json.dumps(TINY))
+    cfg["name"] = name
+    cfg["data"].update(root=str(root), modality=modality,
+                       agent_types={t: {"sensor": "lidar", "lidar_beams": 64 if t == "m1" else 32}
+                                    for t in agent_types})
+    cfg["model"].update(model, agent_types=agent_types)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_train_resume_and_inference(dataset, tmp_path, capsys):
+    torch.set_num_threads(1)
+    cfg = _config(tmp_path, dataset, "tiny_inter", {"m1": PP},
+                  {"fusion": "intermediate", "link": {"type": "full_feature"}})
+    run = tmp_path / "run"
+    assert train.main(["-y", str(cfg), "--model_dir", str(run)]) == 0
+    assert (run / "config.yaml").exists() and (run / "checkpoints" / "latest.pth").exists()
+    # resume: one more epoch on the same folder continues from epoch 1
+    assert train.main(["--model_dir", str(run), "--set", "train.epochs=2"]) == 0
+    epochs = [json.loads(ln)["epoch"] for ln in (run / "train_log.jsonl").read_text().splitlines()
+              if json.loads(ln)["kind"] == "epoch"]
+    assert epochs == [1, 2]
+    capsys.readouterr()
+    assert inference.main(["--model_dir", str(run), "--max_frames", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "AP@0.5" in out and "global" in out and "per_frame" in out
+    res = json.loads((run / "eval_intermediate.json").read_text())
+    assert res["frames"] == 2 and res["bytes_per_message"] > 8 * 40 * 40 * 4
+    assert list((run / "bev").glob("*.png"))
+    # the same weights as no fusion and late fusion
+    assert inference.main(["--model_dir", str(run), "--fusion_method", "no", "--max_frames", "1"]) == 0
+    assert json.loads((run / "eval_none.json").read_text())["bytes_per_message"] == 0
+    assert inference.main(["--model_dir", str(run), "--fusion_method", "late", "--max_frames", "1"]) == 0
+
+
+def test_bad_config_is_reported(dataset, tmp_path, capsys):
+    cfg = _config(tmp_path, dataset, "bad", {"m1": PP}, {"fusion": "intermediate", "lnk": {}})
+    with pytest.raises(Exception, match="lnk.*did you mean 'link'"):
+        train.main(["-y", str(cfg), "--model_dir", str(tmp_path / "r")])
+    assert train.main(["--set", "train.epochs=1"]) == 2
+
+
+def test_gencomm_stage1_then_onboarding(dataset, tmp_path, capsys):
+    torch.set_num_threads(1)
+    runs = {}
+    for t, stack in (("m1", PP), ("m3", SECOND)):
+        cfg = _config(tmp_path, dataset, f"s1_{t}", {t: stack}, {"fusion": "intermediate", "link": GENCOMM},
+                      modality=f"all:{t}")
+        runs[t] = tmp_path / f"s1_{t}"
+        assert train.main(["-y", str(cfg), "--model_dir", str(runs[t])]) == 0
+    out = tmp_path / "onboard"
+    capsys.readouterr()
+    assert onboard.main(["--ego", str(runs["m1"]), "--new", str(runs["m3"]), "-o", str(out), "--epochs", "1"]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "onboarding.json").read_text())
+    dme = report["trainable_params_per_new_type"]["m3"]
+    assert report["trainable_params_total"] == dme and f"{dme:,}" in printed
+    # everything but m3's message extractor is unchanged from stage 1
+    from gencomm.training.checkpoint import load_checkpoint
+    s1 = load_checkpoint(runs["m1"] / "checkpoints" / "latest.pth")["model"]
+    s2 = load_checkpoint(out / "checkpoints" / "latest.pth")["model"]
+    for k, v in s1.items():
+        assert torch.equal(v, s2[k]), k
+    s1m3 = load_checkpoint(runs["m3"] / "checkpoints" / "latest.pth")["model"]
+    changed = [k for k in s1m3 if k.startswith("link.dme.m3.") and not torch.equal(s1m3[k], s2[k])]
+    assert changed
+    assert all(torch.equal(s1m3[k], s2[k]) for k in s1m3 if k.startswith("encoders.m3."))
+    assert inference.main(["--model_dir", str(out), "--max_frames", "1"]) == 0
