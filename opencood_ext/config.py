@@ -135,7 +135,7 @@ def apply_overrides(data: dict, prov: _Prov, overrides: Sequence[str]) -> None:
 
 
 def _where(prov: _Prov, path: Tuple[str, ...]) -> str:
-    for n in range(len(path), 0, -1):
+    for n in range(len(path), -1, -1):
         src = prov.get(path[:n])
         if src:
             return src
@@ -254,6 +254,7 @@ def config_from_dict(schema, data: dict, prov: Optional[_Prov] = None):
 def load_config(path, schema, overrides: Sequence[str] = ()):
     """Load ``path`` (with ``base:`` includes and ``--set`` overrides) into ``schema``."""
     data, prov = load_yaml_tree(path)
+    prov[()] = str(Path(path).resolve())  # errors about the whole file name the file itself
     apply_overrides(data, prov, overrides)
     return _build_dataclass(schema, data, (), prov)
 

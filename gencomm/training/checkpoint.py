@@ -1,0 +1,218 @@
+"""Training checkpoints: atomic files, RNG state capture, model-weight loading.
+
+Run folder layout (written by rank 0 only)::
+
+    run_dir/checkpoints/epoch_{n}.pth   after epoch n (1-based) finished
+    run_dir/checkpoints/latest.pth      newest state, end of an epoch or mid-epoch
+    run_dir/checkpoints/best.pth        state with the best validation loss so far
+
+Every file is written to a temporary file in the same folder, fsynced and
+then ``os.replace``d over the target, so a reader (or a resume after SIGKILL)
+sees either the old or the new checkpoint, never a torn one.
+
+Checkpoint dict (``CHECKPOINT_KEYS``, ``format_version`` 1):
+
+- ``model``: state dict of the bare module (never the DDP wrapper's ``module.`` keys)
+- ``optimizer``, ``scheduler`` (None without a scheduler): their state dicts
+- ``epoch``: number of COMPLETED epochs
+- ``step_in_epoch``: optimizer steps already done in epoch ``epoch + 1``
+  (0 at an epoch boundary)
+- ``global_step``: optimizer steps since the start of training
+- ``best_val``: best mean validation loss so far, or None
+- ``history``: list of per-epoch dicts (see ``trainer.TrainResult``)
+- ``rng``: list of per-rank RNG states (:func:`capture_rng_state`)
+- ``world_size``, ``batch_size``: the layout the step counter refers to
+- ``config``: the TrainConfig as a plain dict
+"""
+from __future__ import annotations
+
+import io
+import os
+import random
+import secrets
+from pathlib import Path
+from typing import Dict, Iterable, Mapping, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+FORMAT_VERSION = 1
+CHECKPOINT_KEYS = ("format_version", "model", "optimizer", "scheduler", "epoch", "step_in_epoch",
+                   "global_step", "best_val", "history", "rng", "world_size", "batch_size", "config")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, unreadable or lacks a field; the message names the file."""
+
+
+# ---------------------------------------------------------------- atomic files
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (tmp file in the same folder + os.replace)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies, unlike mkstemp's 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # not supported on this platform / filesystem: the replace itself is still atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(state: Mapping, paths: Iterable[str | os.PathLike]) -> None:
+    """Serialise ``state`` once and write it atomically to every path in ``paths``."""
+    buf = io.BytesIO()
+    torch.save(dict(state), buf)
+    data = buf.getvalue()
+    for p in paths:
+        atomic_write_bytes(p, data)
+
+
+def load_checkpoint(path: str | os.PathLike, map_location="cpu", required=CHECKPOINT_KEYS) -> dict:
+    """Read a checkpoint; raises :class:`CheckpointError` naming the file and missing fields."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        # weights_only=False: the file holds RNG states (numpy arrays) and plain config dicts;
+        # only load checkpoints you wrote yourself.
+        state = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as exc:  # torch raises many types for a corrupt archive
+        raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: expected a dict, got {type(state).__name__}")
+    missing = [k for k in required if k not in state]
+    if missing:
+        raise CheckpointError(f"{path}: missing field(s) {missing}")
+    version = state.get("format_version", FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: field 'format_version' is {version}, this code reads {FORMAT_VERSION}")
+    return state
+
+
+class CheckpointPaths:
+    """The checkpoint file names of one run folder."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.dir = Path(run_dir) / "checkpoints"
+
+    def epoch(self, n: int) -> Path:
+        return self.dir / f"epoch_{n}.pth"
+
+    @property
+    def latest(self) -> Path:
+        return self.dir / "latest.pth"
+
+    @property
+    def best(self) -> Path:
+        return self.dir / "best.pth"
+
+    def epoch_files(self) -> Dict[int, Path]:
+        """Existing ``epoch_{n}.pth`` files by n."""
+        out = {}
+        for p in self.dir.glob("epoch_*.pth"):
+            stem = p.stem[len("epoch_"):]
+            if stem.isdigit():
+                out[int(stem)] = p
+        return dict(sorted(out.items()))
+
+    def prune_epochs(self, keep: int) -> None:
+        """Delete all but the newest ``keep`` epoch files."""
+        files = self.epoch_files()
+        for n in list(files)[:-keep] if keep > 0 else list(files):
+            files[n].unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- RNG + seeding
+def seed_everything(seed: int) -> None:
+    """Seed python ``random``, numpy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def capture_rng_state() -> dict:
+    """This process's python / numpy / torch CPU (and CUDA, if used) RNG states."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: Mapping) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        cuda_states = state["cuda"]
+        if len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all([s.cpu() for s in cuda_states])
+
+
+# ---------------------------------------------------------------- model weights
+def load_model_state(model: nn.Module, path: str | os.PathLike,
+                     prefix_map: Optional[Mapping[str, str]] = None, strict: bool = True) -> list:
+    """Load weights from a checkpoint (or a bare state dict file) into ``model``.
+
+    prefix_map: ``{source_prefix: target_prefix}``; when given, only the
+    checkpoint keys under a source prefix are loaded, renamed to the target
+    prefix (``{"": ""}`` loads everything). This composes models, e.g. stage 2
+    takes the receiver's stage-1 model and the new agent type's encoder stack
+    from another run: ``{"encoders.lidar.": "encoders.lidar."}``.
+    strict: with a prefix_map, every model key under a target prefix must be
+    filled; without, the full ``load_state_dict`` strictness applies.
+    Returns the list of model keys that were loaded.
+    """
+    path = Path(path)
+    state = load_checkpoint(path, required=())
+    weights = state["model"] if "model" in state and isinstance(state["model"], dict) else state
+    weights = {k[len("module."):] if k.startswith("module.") else k: v for k, v in weights.items()}
+    if prefix_map is None:
+        try:
+            result = model.load_state_dict(weights, strict=strict)
+        except RuntimeError as exc:
+            raise CheckpointError(f"{path}: field 'model' does not fit {type(model).__name__}: {exc}") from None
+        missing = set(result.missing_keys)
+        return [k for k in model.state_dict() if k not in missing]
+    picked = {}
+    for src, dst in prefix_map.items():
+        found = {dst + k[len(src):]: v for k, v in weights.items() if k.startswith(src)}
+        if not found:
+            raise CheckpointError(f"{path}: field 'model' has no key starting with {src!r}")
+        picked.update(found)
+    own = model.state_dict()
+    unknown = sorted(k for k in picked if k not in own)
+    if unknown:
+        raise CheckpointError(f"{path}: mapped keys not in {type(model).__name__}: {unknown[:5]}")
+    bad = [k for k, v in picked.items() if tuple(v.shape) != tuple(own[k].shape)]
+    if bad:
+        k = bad[0]
+        raise CheckpointError(f"{path}: key {k!r} has shape {tuple(picked[k].shape)}, "
+                              f"model expects {tuple(own[k].shape)}")
+    if strict:
+        unfilled = sorted(k for k in own if any(k.startswith(d) for d in prefix_map.values()) and k not in picked)
+        if unfilled:
+            raise CheckpointError(f"{path}: model keys left unfilled by prefix_map: {unfilled[:5]}")
+    model.load_state_dict(picked, strict=False)
+    return sorted(picked)

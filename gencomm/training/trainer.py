@@ -1,0 +1,436 @@
+"""The generic training engine: epochs, validation, checkpoints, resume, DDP, logs.
+
+Contract with the rest of the project
+-------------------------------------
+- ``model``: an ``nn.Module`` with ``forward(batch) -> output`` and
+  ``loss(output, batch) -> LossOutput`` (``total``: scalar tensor to minimise,
+  ``parts``: named scalar tensors for logging). The loss of a batch is taken
+  to be a per-sample mean; validation weights batches by their sample count.
+- ``batch``: whatever ``collate_fn`` returns; it must have ``.to(device)``
+  returning the same type on ``device``.
+- ``train_set`` / ``val_set``: map-style ``torch.utils.data.Dataset``s
+  (``val_set`` may be None: no validation, no ``best.pth``).
+- ``param_filter``: None (train every parameter that requires grad), a
+  :class:`~gencomm.training.freeze.FreezePolicy`, or ``callable(model) ->
+  iterable of trainable parameters``.
+
+Run folder (rank 0 writes; ``config.yaml`` is the CLI's)::
+
+    run_dir/checkpoints/{epoch_N,latest,best}.pth   see checkpoint.py
+    run_dir/tb/                                     tensorboard scalars
+    run_dir/train_log.jsonl                         one JSON object a line:
+        {"kind": "step", "epoch", "step", "global_step", "lr", "loss", <parts>}
+        {"kind": "epoch", <TrainResult.history entry>}
+        {"kind": "resume", "epoch", "step_in_epoch", "global_step"}
+
+Epochs are numbered from 1. Resume: ``fit()`` on a run folder holding
+``latest.pth`` continues from it. Each epoch's sample order is a pure function
+of (seed, epoch, rank, world size), so an epoch interrupted after a mid-epoch
+checkpoint (``checkpoint_every_steps``) continues at the next unseen batch;
+without one it restarts from its beginning; it is never skipped. With
+``num_workers=0`` a resumed run reproduces the uninterrupted one bit for bit
+on CPU (RNG states are restored); with workers the data order is the same but
+worker-side augmentation draws are not.
+
+DDP: launch with torchrun; every rank builds the same model, the Trainer
+joins the process group (:func:`~gencomm.training.distributed.init_distributed`),
+shards the data with ``DistributedSampler`` and wraps the model in
+``DistributedDataParallel``. ``batch_size`` is per process. Call
+``distributed.cleanup()`` at the end of the script. A non-finite loss raises
+FloatingPointError on the rank that sees it (the others then stop at the
+process group's timeout).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Literal, Optional
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from . import distributed as D
+from .checkpoint import (CheckpointError, CheckpointPaths, capture_rng_state, load_checkpoint,
+                         restore_rng_state, save_checkpoint, seed_everything)
+from .freeze import PolicyLike, resolve_policy
+
+log = logging.getLogger("gencomm.training")
+
+
+@dataclass
+class TrainConfig:
+    """Training schedule and engine settings (the ``train:`` section of an experiment yaml).
+
+    epochs: total epochs (a resumed run stops there too).
+    batch_size: samples per optimizer step PER PROCESS; val_batch_size defaults to it.
+    num_workers: DataLoader worker processes (0 loads in the training process).
+    optimizer / lr / weight_decay / momentum (sgd only).
+    lr_scheduler: None (constant), "multistep" (x gamma at each epoch in
+    milestones) or "cosine" (to min_lr at the last epoch); stepped per epoch.
+    grad_clip: max global L2 norm of the trainable gradients, None = off.
+    log_every: steps between log lines / tensorboard points.
+    val_every: validate every N epochs and after the last one; 0 = never.
+    max_val_batches: per-process cap on validation batches (quick runs), None = all.
+    seed: seeds python/numpy/torch (+ rank) and the per-epoch sample order.
+    shuffle / drop_last: train sample order and incomplete last batch.
+    max_steps_per_epoch: cap on optimizer steps per epoch (quick runs), None = full epoch.
+    checkpoint_every_steps: also write latest.pth every N global steps (mid-epoch resume).
+    keep_epoch_checkpoints: keep only the newest N epoch_*.pth, None = all.
+    find_unused_parameters: DDP flag for models whose trainable parameters do
+    not all take part in every forward (heterogeneous agent mixes).
+    progress_bar: tqdm bar on rank 0 when stderr is a terminal.
+    """
+    epochs: int = 10
+    batch_size: int = 2
+    val_batch_size: Optional[int] = None
+    num_workers: int = 0
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    lr_scheduler: Optional[Literal["multistep", "cosine"]] = None
+    milestones: List[int] = field(default_factory=list)
+    gamma: float = 0.1
+    min_lr: float = 0.0
+    grad_clip: Optional[float] = None
+    log_every: int = 10
+    val_every: int = 1
+    max_val_batches: Optional[int] = None
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+    max_steps_per_epoch: Optional[int] = None
+    checkpoint_every_steps: Optional[int] = None
+    keep_epoch_checkpoints: Optional[int] = None
+    find_unused_parameters: bool = False
+    progress_bar: bool = True
+
+    def __post_init__(self):
+        def bad(name, rule):
+            return ValueError(f"TrainConfig.{name} must be {rule}, got {getattr(self, name)!r}")
+        for name in ("epochs", "batch_size", "log_every"):
+            if getattr(self, name) <= 0:
+                raise bad(name, "> 0")
+        for name in ("val_batch_size", "max_val_batches", "max_steps_per_epoch", "checkpoint_every_steps",
+                     "keep_epoch_checkpoints", "grad_clip"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise bad(name, "> 0 or None")
+        for name in ("num_workers", "val_every", "lr", "weight_decay", "min_lr", "momentum"):
+            if getattr(self, name) < 0:
+                raise bad(name, ">= 0")
+        if self.optimizer not in ("adam", "adamw", "sgd"):
+            raise bad("optimizer", "adam, adamw or sgd")
+        if self.lr_scheduler not in (None, "multistep", "cosine"):
+            raise bad("lr_scheduler", "None, multistep or cosine")
+        if self.lr_scheduler == "multistep" and (not self.milestones or self.milestones != sorted(self.milestones)):
+            raise bad("milestones", "a non-empty increasing list of epochs for lr_scheduler=multistep")
+
+
+@dataclass
+class LossOutput:
+    """What ``model.loss`` returns: ``total`` (scalar tensor), ``parts`` (name -> scalar tensor)."""
+    total: torch.Tensor
+    parts: Dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class TrainResult:
+    """Outcome of :meth:`Trainer.fit`.
+
+    history: one dict per completed epoch: ``epoch``, ``lr`` (during the epoch),
+    ``train_loss`` + ``train_<part>`` (mean over the steps run in this
+    process group; after a mid-epoch resume only the resumed part), ``steps``,
+    ``time_s``, and when validated ``val_loss`` + ``val_<part>``.
+    """
+    epochs_done: int
+    best_val: Optional[float]
+    history: List[dict]
+    wall_time_s: float
+    trainable_params: int
+    global_step: int
+
+
+def build_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer:
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def build_scheduler(optimizer, cfg: TrainConfig):
+    if cfg.lr_scheduler == "multistep":
+        return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(cfg.milestones), gamma=cfg.gamma)
+    if cfg.lr_scheduler == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs, eta_min=cfg.min_lr)
+    return None
+
+
+def _seed_worker(worker_id: int) -> None:
+    seed = torch.initial_seed() % 2**32  # torch gives each worker base_seed + worker_id
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+class _RunLog:
+    """Rank-0 logging: tensorboard scalars and train_log.jsonl."""
+
+    def __init__(self, run_dir: Path, purge_step: Optional[int]):
+        from torch.utils.tensorboard import SummaryWriter
+        self.tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge_step)
+        self.jsonl = open(run_dir / "train_log.jsonl", "a")
+
+    def record(self, kind: str, data: dict, step: Optional[int] = None, tb_prefix: Optional[str] = None):
+        self.jsonl.write(json.dumps({"kind": kind, **data}) + "\n")
+        self.jsonl.flush()
+        if tb_prefix is not None:
+            for k, v in data.items():
+                if isinstance(v, float) and k not in ("epoch", "global_step", "step"):
+                    self.tb.add_scalar(f"{tb_prefix}/{k}", v, step)
+            self.tb.flush()
+
+    def close(self):
+        self.tb.close()
+        self.jsonl.close()
+
+
+class Trainer:
+    """Trains ``model`` on ``train_set``; see the module docstring for the contract.
+
+    device: None = ``cuda:LOCAL_RANK`` when available, else CPU.
+    """
+
+    def __init__(self, model: nn.Module, train_set: Dataset, val_set: Optional[Dataset],
+                 collate_fn: Callable, config: TrainConfig, run_dir, param_filter: PolicyLike = None,
+                 device=None):
+        if not callable(getattr(model, "loss", None)):
+            raise TypeError(f"{type(model).__name__} has no loss(output, batch) method (Trainer contract)")
+        if len(train_set) == 0:
+            raise ValueError("Trainer: train_set is empty")
+        self.config, self.run_dir = config, Path(run_dir)
+        self.train_set, self.val_set, self.collate_fn = train_set, val_set, collate_fn
+        self.dist = D.init_distributed(device)
+        self.device = self.dist.device
+        self.model = model.to(self.device)
+        self.policy = resolve_policy(param_filter)
+        self.params = self.policy.apply(self.model)
+        self.trainable_params = sum(p.numel() for p in self.params)
+        self.forward_module: nn.Module = self.model
+        if self.dist.distributed:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.forward_module = DistributedDataParallel(
+                self.model, device_ids=ids, find_unused_parameters=config.find_unused_parameters)
+        self.optimizer = build_optimizer(self.params, config)
+        self.scheduler = build_scheduler(self.optimizer, config)
+        self.paths = CheckpointPaths(self.run_dir)
+        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
+        self.best_val: Optional[float] = None
+        self.history: List[dict] = []
+        self._log: Optional[_RunLog] = None
+        if self.steps_per_epoch() == 0:
+            raise ValueError(f"Trainer: {len(train_set)} train samples over {self.dist.world_size} process(es) "
+                             f"make no full batch of {config.batch_size} (drop_last=True)")
+
+    # ------------------------------------------------------------ checkpoints
+    def _state(self) -> dict:
+        return {"format_version": 1, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+                "best_val": self.best_val, "history": list(self.history),
+                "world_size": self.dist.world_size, "batch_size": self.config.batch_size,
+                "config": dataclasses.asdict(self.config)}
+
+    def _save(self, epoch_file: bool, best: bool) -> None:
+        rng = D.all_gather_object(capture_rng_state())  # collective: every rank calls _save
+        if not self.dist.is_main:
+            return
+        state = self._state()
+        state["rng"] = rng
+        paths = ([self.paths.epoch(self.epoch)] if epoch_file else []) + [self.paths.latest]
+        save_checkpoint(state, paths + ([self.paths.best] if best else []))
+        if epoch_file and self.config.keep_epoch_checkpoints:
+            self.paths.prune_epochs(self.config.keep_epoch_checkpoints)
+
+    def _resume(self) -> bool:
+        path = self.paths.latest
+        if not path.is_file():
+            return False
+        state = load_checkpoint(path, map_location=self.device)
+        self.model.load_state_dict(state["model"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scheduler is not None and state["scheduler"] is not None:
+                self.scheduler.load_state_dict(state["scheduler"])
+        except (ValueError, KeyError) as exc:
+            raise CheckpointError(f"{path}: field 'optimizer'/'scheduler' does not fit this run "
+                                  f"(different trainable parameters or scheduler?): {exc}") from None
+        self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
+        self.global_step, self.best_val = state["global_step"], state["best_val"]
+        self.history = list(state["history"])
+        now = dataclasses.asdict(self.config)
+        changed = sorted(k for k in now if state["config"].get(k) != now[k] and k != "epochs")
+        if changed and self.dist.is_main:
+            log.warning("resuming %s with changed train settings: %s", path, changed)
+        same_layout = (state["world_size"] == self.dist.world_size and state["batch_size"] == self.config.batch_size
+                       and state["config"].get("max_steps_per_epoch") == self.config.max_steps_per_epoch)
+        if self.step_in_epoch and not same_layout:
+            log.warning("%s: world size / batch size changed mid-epoch; epoch %d restarts from its beginning",
+                        path, self.epoch + 1)
+            self.step_in_epoch = 0
+        if len(state["rng"]) == self.dist.world_size:
+            restore_rng_state(state["rng"][self.dist.rank])
+        else:
+            seed_everything(self.config.seed + self.dist.rank + self.global_step)
+        return True
+
+    # ------------------------------------------------------------ data
+    def _loader(self, dataset, sampler=None, batch_sampler=None, gen_seed: int = 0, drop_last=False):
+        g = torch.Generator()
+        g.manual_seed(gen_seed)
+        kw = dict(batch_size=self.config.batch_size, sampler=sampler, drop_last=drop_last) \
+            if batch_sampler is None else dict(batch_sampler=batch_sampler)
+        return DataLoader(dataset, collate_fn=self.collate_fn, num_workers=self.config.num_workers,
+                          worker_init_fn=_seed_worker, generator=g, pin_memory=self.device.type == "cuda", **kw)
+
+    def steps_per_epoch(self) -> int:
+        n = math.ceil(len(self.train_set) / self.dist.world_size)
+        bs = self.config.batch_size
+        steps = n // bs if self.config.drop_last else math.ceil(n / bs)
+        cap = self.config.max_steps_per_epoch
+        return min(steps, cap) if cap else steps
+
+    # ------------------------------------------------------------ loops
+    def _loss(self, batch) -> LossOutput:
+        out = self.forward_module(batch)
+        loss = self.model.loss(out, batch)
+        if not isinstance(loss, LossOutput):
+            raise TypeError(f"{type(self.model).__name__}.loss must return LossOutput, got {type(loss).__name__}")
+        return loss
+
+    def _train_epoch(self, epoch: int) -> dict:
+        cfg, start, total_steps = self.config, self.step_in_epoch, self.steps_per_epoch()
+        sampler = D.train_sampler(self.train_set, epoch, cfg.seed, cfg.shuffle, skip=start * cfg.batch_size)
+        loader = self._loader(self.train_set, sampler=sampler, drop_last=cfg.drop_last,
+                              gen_seed=cfg.seed * 100003 + epoch * 1009 + self.dist.rank)
+        self.policy.train_mode(self.model)
+        show = cfg.progress_bar and self.dist.is_main and sys.stderr.isatty()
+        bar = tqdm(total=total_steps, initial=start, desc=f"epoch {epoch}/{cfg.epochs}", disable=not show,
+                   dynamic_ncols=True, leave=False)
+        sums: Dict[str, torch.Tensor] = {}
+        window: Dict[str, torch.Tensor] = {}
+        n_window, n_steps, t0 = 0, 0, time.time()
+        for step, batch in enumerate(loader, start=start):
+            if step >= total_steps:
+                break
+            batch = batch.to(self.device)
+            loss = self._loss(batch)
+            if not torch.isfinite(loss.total):
+                parts = {k: v.item() for k, v in loss.parts.items()}
+                raise FloatingPointError(f"non-finite loss {loss.total.item()} at epoch {epoch} step {step}: {parts}")
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.total.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+            self.optimizer.step()
+            self.global_step += 1
+            self.step_in_epoch = step + 1
+            n_steps += 1
+            n_window += 1
+            for k, v in [("loss", loss.total)] + list(loss.parts.items()):
+                v = v.detach().float()
+                sums[k] = sums.get(k, 0.0) + v
+                window[k] = window.get(k, 0.0) + v
+            bar.update(1)
+            if self.global_step % cfg.log_every == 0:
+                means = {k: float(v) / n_window for k, v in window.items()}
+                bar.set_postfix(loss=f"{means['loss']:.4g}")
+                if self._log:
+                    rec = {"epoch": epoch, "step": step + 1, "global_step": self.global_step,
+                           "lr": float(self.optimizer.param_groups[0]["lr"]), **means}
+                    self._log.record("step", rec, self.global_step, tb_prefix="train")
+                window, n_window = {}, 0
+            if cfg.checkpoint_every_steps and self.global_step % cfg.checkpoint_every_steps == 0 \
+                    and step + 1 < total_steps:
+                self._save(epoch_file=False, best=False)
+        bar.close()
+        if self.step_in_epoch < total_steps:
+            raise RuntimeError(f"epoch {epoch}: the data loader ended after {self.step_in_epoch} of "
+                               f"{total_steps} steps (did the dataset length change?)")
+        means = D.all_reduce_means({k: float(v) for k, v in sums.items()}, float(n_steps))
+        return {"train_" + k if k != "loss" else "train_loss": v for k, v in means.items()} | {
+            "steps": total_steps, "time_s": time.time() - t0}
+
+    @torch.no_grad()
+    def validate(self) -> Dict[str, float]:
+        """Sample-weighted mean validation loss (+ parts) over all ranks' shards."""
+        if self.val_set is None:
+            raise ValueError("Trainer.validate: no val_set")
+        cfg = self.config
+        batches = D.val_batches(len(self.val_set), cfg.val_batch_size or cfg.batch_size, cfg.max_val_batches)
+        loader = self._loader(self.val_set, batch_sampler=batches, gen_seed=cfg.seed + self.dist.rank)
+        was_training = self.model.training
+        self.model.eval()
+        sums: Dict[str, torch.Tensor] = {}
+        count = 0
+        for ids, batch in zip(batches, loader):
+            batch = batch.to(self.device)
+            loss = self.model.loss(self.model(batch), batch)
+            for k, v in [("loss", loss.total)] + list(loss.parts.items()):
+                sums[k] = sums.get(k, 0.0) + v.detach().double() * len(ids)
+            count += len(ids)
+        if was_training:
+            self.policy.train_mode(self.model)
+        means = D.all_reduce_means({k: float(v) for k, v in sums.items()}, float(count))
+        return {"val_" + k if k != "loss" else "val_loss": v for k, v in means.items()}
+
+    def fit(self) -> TrainResult:
+        """Train to ``config.epochs`` (resuming from ``run_dir`` when it holds latest.pth)."""
+        t0, cfg = time.time(), self.config
+        resumed = self._resume()
+        if not resumed:
+            seed_everything(cfg.seed + self.dist.rank)
+        if self.dist.is_main:
+            self.paths.dir.mkdir(parents=True, exist_ok=True)
+            self._log = _RunLog(self.run_dir, purge_step=self.global_step + 1 if resumed else None)
+            if resumed:
+                self._log.record("resume", {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
+                                            "global_step": self.global_step})
+        try:
+            for epoch in range(self.epoch + 1, cfg.epochs + 1):
+                lr = float(self.optimizer.param_groups[0]["lr"])
+                record = {"epoch": epoch, "lr": lr, **self._train_epoch(epoch)}
+                D.broadcast_buffers(self.model)  # every rank validates / saves rank 0's model
+                improved = False
+                if self.val_set is not None and cfg.val_every and (epoch % cfg.val_every == 0 or epoch == cfg.epochs):
+                    record.update(self.validate())
+                    improved = self.best_val is None or record["val_loss"] < self.best_val
+                    if improved:
+                        self.best_val = record["val_loss"]
+                if self.scheduler is not None:
+                    self.scheduler.step()
+                self.epoch, self.step_in_epoch = epoch, 0
+                self.history.append(record)
+                self._save(epoch_file=True, best=improved)
+                if self._log:
+                    self._log.record("epoch", record, self.global_step, tb_prefix="epoch")
+                    log.info("epoch %d/%d  %s", epoch, cfg.epochs, "  ".join(
+                        f"{k} {v:.4g}" for k, v in record.items() if k.endswith("loss") or k == "time_s"))
+        finally:
+            if self._log:
+                self._log.close()
+                self._log = None
+        D.barrier()
+        return TrainResult(epochs_done=self.epoch, best_val=self.best_val, history=list(self.history),
+                           wall_time_s=time.time() - t0, trainable_params=self.trainable_params,
+                           global_step=self.global_step)

@@ -1,0 +1,222 @@
+"""Trainer: run folder, validation maths, resume (epoch boundary, crash, SIGKILL), schedule, clipping."""
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gencomm.training import LossOutput, TrainConfig, Trainer
+from gencomm.training.checkpoint import load_checkpoint
+from opencood_ext.config import ConfigError, load_config
+import toy_training
+from toy_training import ToyDataset, ToyModel, collate
+
+TOY_SCRIPT = Path(toy_training.__file__)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: intra-op threads only contend on the shared CPU (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _cfg(**kw):
+    base = dict(epochs=3, batch_size=4, lr=0.02, log_every=2, seed=7, progress_bar=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _run(run_dir, cfg, model=None, n_train=16, n_val=5, policy=None):
+    torch.manual_seed(0)
+    model = model if model is not None else ToyModel()
+    trainer = Trainer(model, ToyDataset(n_train), ToyDataset(n_val, offset=500) if n_val else None,
+                      collate, cfg, run_dir, param_filter=policy)
+    return trainer.fit(), model
+
+
+def _same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted 3-epoch run (4 steps an epoch, dropout on)."""
+    result, model = _run(tmp_path_factory.mktemp("ref"), _cfg(val_batch_size=2))
+    return result, model.state_dict()
+
+
+def test_fit_writes_run_folder_and_learns(tmp_path, reference):
+    cfg = _cfg(val_batch_size=2)
+    result, model = _run(tmp_path, cfg)
+    assert result.epochs_done == 3 and result.global_step == 12 and [h["epoch"] for h in result.history] == [1, 2, 3]
+    assert result.trainable_params == sum(p.numel() for p in model.parameters())
+    assert result.history[-1]["val_loss"] < result.history[0]["val_loss"]
+    assert {"train_loss", "train_mse", "train_abs", "val_loss", "val_mse", "lr", "steps"} <= set(result.history[0])
+    ck = tmp_path / "checkpoints"
+    assert sorted(os.listdir(ck)) == ["best.pth", "epoch_1.pth", "epoch_2.pth", "epoch_3.pth", "latest.pth"]
+    latest = load_checkpoint(ck / "latest.pth")
+    assert latest["epoch"] == 3 and latest["step_in_epoch"] == 0 and latest["global_step"] == 12
+    assert latest["config"] == dataclasses.asdict(cfg) and len(latest["rng"]) == 1
+    assert _same_weights(latest["model"], model.state_dict())
+    best = load_checkpoint(ck / "best.pth")
+    vals = [h["val_loss"] for h in result.history]
+    assert best["best_val"] == min(vals) == result.best_val and best["epoch"] == vals.index(min(vals)) + 1
+    lines = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [x["global_step"] for x in lines if x["kind"] == "step"] == [2, 4, 6, 8, 10, 12]
+    assert [x["epoch"] for x in lines if x["kind"] == "epoch"] == [1, 2, 3]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/mse", "epoch/val_loss", "epoch/train_loss"} <= tags
+    assert [e.step for e in acc.Scalars("train/loss")] == [2, 4, 6, 8, 10, 12]
+    # same seed, same everything: bit-identical to the module's reference run
+    assert _same_weights(model.state_dict(), reference[1])
+
+
+def test_validation_is_the_sample_weighted_mean_over_the_val_set(reference):
+    result, weights = reference
+    model = ToyModel()
+    model.load_state_dict(weights)
+    model.eval()
+    val = ToyDataset(5, offset=500)
+    with torch.no_grad():  # 5 samples in batches of 2, 2, 1: a per-batch mean would differ
+        errs = [float(model(collate([val[i]])).squeeze() - val[i][2]) ** 2 for i in range(5)]
+    assert result.history[-1]["val_loss"] == pytest.approx(sum(errs) / 5, rel=1e-6)
+
+
+def test_resume_at_epoch_boundary_matches_uninterrupted(tmp_path, reference):
+    first, _ = _run(tmp_path, _cfg(val_batch_size=2, epochs=2))
+    assert first.epochs_done == 2
+    torch.manual_seed(123)  # a fresh, differently initialised model: weights must come from latest.pth
+    result, model = _run(tmp_path, _cfg(val_batch_size=2), model=ToyModel())
+    assert [h["epoch"] for h in result.history] == [1, 2, 3] and result.global_step == 12
+    assert _same_weights(model.state_dict(), reference[1])
+    kinds = [json.loads(x)["kind"] for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert kinds.count("resume") == 1 and kinds.count("epoch") == 3
+    again, _ = _run(tmp_path, _cfg(val_batch_size=2))  # nothing left to do
+    assert again.epochs_done == 3 and again.global_step == 12 and len(again.history) == 3
+
+
+class _Crash(ToyModel):
+    def __init__(self, crash_at: int):
+        super().__init__()
+        self.crash_at = crash_at
+
+    def forward(self, batch):
+        if self.training and self.train_calls + 1 == self.crash_at:
+            raise KeyboardInterrupt("simulated crash")
+        return super().forward(batch)
+
+
+@pytest.mark.parametrize("ckpt_every,expect_epoch,expect_step", [(None, 1, 0), (3, 1, 2)])
+def test_crash_mid_epoch_resumes_without_losing_the_epoch(tmp_path, reference, ckpt_every, expect_epoch,
+                                                          expect_step):
+    cfg = _cfg(val_batch_size=2, checkpoint_every_steps=ckpt_every)
+    torch.manual_seed(0)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, cfg, model=_Crash(crash_at=8))  # dies in step 4 of epoch 2
+    latest = load_checkpoint(tmp_path / "checkpoints" / "latest.pth")
+    assert (latest["epoch"], latest["step_in_epoch"]) == (expect_epoch, expect_step)
+    result, model = _run(tmp_path, cfg)
+    assert [h["epoch"] for h in result.history] == [1, 2, 3] and result.global_step == 12
+    assert _same_weights(model.state_dict(), reference[1])
+
+
+def test_sigkill_mid_epoch_then_resume_continues_same_order(tmp_path):
+    args = ["--epochs", "3", "--n-train", "12", "--batch-size", "2", "--ckpt-every", "2"]
+    toy_training.main(["--run-dir", str(tmp_path / "ref"), "--out", str(tmp_path / "ref"), *args])
+    ref = json.loads((tmp_path / "ref.rank0.json").read_text())
+
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, str(TOY_SCRIPT), "--run-dir", str(run), "--out", str(tmp_path / "dead"),
+                           "--kill-after-steps", "9", *args], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    latest = load_checkpoint(run / "checkpoints" / "latest.pth")
+    assert (latest["epoch"], latest["step_in_epoch"], latest["global_step"]) == (1, 2, 8)
+    assert sorted(os.listdir(run / "checkpoints")) == ["best.pth", "epoch_1.pth", "latest.pth"]
+
+    toy_training.main(["--run-dir", str(run), "--out", str(tmp_path / "resumed"), *args])
+    out = json.loads((tmp_path / "resumed.rank0.json").read_text())
+    assert out["epochs_done"] == 3 and out["global_step"] == 18
+    assert [h["epoch"] for h in out["history"]] == [1, 2, 3]
+    # epoch 2 resumes at its 3rd batch: the samples after the first 4 of the reference epoch 2, then epoch 3
+    assert out["seen"] == ref["seen"][12 + 4:]
+    assert _same_weights(torch.load(tmp_path / "resumed.rank0.pt"), torch.load(tmp_path / "ref.rank0.pt"))
+    log = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+    resume = [x for x in log if x["kind"] == "resume"]
+    assert resume == [{"kind": "resume", "epoch": 1, "step_in_epoch": 2, "global_step": 8}]
+
+
+def test_multistep_schedule_epoch_pruning_and_step_cap(tmp_path):
+    cfg = _cfg(epochs=3, lr=0.1, lr_scheduler="multistep", milestones=[1, 2], gamma=0.5,
+               keep_epoch_checkpoints=1, max_steps_per_epoch=2, val_every=2)
+    result, _ = _run(tmp_path, cfg)
+    assert [h["lr"] for h in result.history] == pytest.approx([0.1, 0.05, 0.025])
+    assert [h["steps"] for h in result.history] == [2, 2, 2] and result.global_step == 6
+    assert ["val_loss" in h for h in result.history] == [False, True, True]  # every 2nd and the last
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["best.pth", "epoch_3.pth", "latest.pth"]
+
+
+def test_grad_clip_bounds_the_update(tmp_path):
+    torch.manual_seed(0)
+    model = ToyModel(dropout=0.0)
+    before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    cfg = _cfg(epochs=1, optimizer="sgd", momentum=0.0, lr=1.0, grad_clip=1e-3, max_steps_per_epoch=1)
+    _run(tmp_path, cfg, model=model, n_val=0)
+    step = torch.cat([p.detach().flatten() for p in model.parameters()]) - before
+    assert 0 < step.norm() <= 1e-3 * 1.0001
+
+
+def test_loader_worker_processes_change_nothing(tmp_path):
+    cfg = _cfg(epochs=1, max_steps_per_epoch=2, val_batch_size=2)
+    _, inline = _run(tmp_path / "w0", cfg)
+    _, workers = _run(tmp_path / "w1", dataclasses.replace(cfg, num_workers=1))
+    assert _same_weights(inline.state_dict(), workers.state_dict())
+
+
+class _BadLoss(ToyModel):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+
+    def loss(self, output, batch):
+        if self.kind == "nan":
+            return LossOutput(total=output.sum() * float("nan"), parts={})
+        return {"total": output.sum()}
+
+
+def test_bad_losses_fail_clearly(tmp_path):
+    with pytest.raises(FloatingPointError, match="epoch 1 step 0"):
+        _run(tmp_path / "a", _cfg(), model=_BadLoss("nan"))
+    with pytest.raises(TypeError, match="must return LossOutput"):
+        _run(tmp_path / "b", _cfg(), model=_BadLoss("dict"))
+
+
+@dataclasses.dataclass
+class _Experiment:
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+
+
+def test_config_schema_through_the_yaml_loader(tmp_path):
+    p = tmp_path / "t.yaml"
+    p.write_text("epochs: 4\nlr: 2e-3\noptimizer: adamw\nlr_scheduler: cosine\nmilestones: [2]\n")
+    cfg = load_config(p, TrainConfig)
+    assert (cfg.epochs, cfg.lr, cfg.optimizer, cfg.lr_scheduler) == (4, 2e-3, "adamw", "cosine")
+    p.write_text("optimiser: adam\n")
+    with pytest.raises(ConfigError, match="did you mean 'optimizer'"):
+        load_config(p, TrainConfig)
+    p.write_text("train:\n  epochs: 0\n")  # as a section of an experiment file
+    with pytest.raises(ConfigError, match=r"t.yaml: key 'train': TrainConfig.epochs must be > 0"):
+        load_config(p, _Experiment)
+    with pytest.raises(ValueError, match="milestones"):
+        TrainConfig(lr_scheduler="multistep")
