@@ -86,7 +86,7 @@ def cooperation_for(fusion: str, train: bool) -> str:
 
 
 def reader_kwargs(data: DataConfig) -> Dict[str, object]:
-    kw: Dict[str, object] = {"skip_bad": data.skip_bad_frames}
+    kw: Dict[str, object] = {"skip_bad": data.skip_bad_frames, **data.reader_options}
     if data.format == "opv2v":
         modality = data.modality
         if modality.startswith(("all:", "cycle:")):
@@ -110,7 +110,10 @@ def build_dataset(cfg: ExperimentConfig, model: CooperativeDetector, split: str,
     if fusion == "late" and train and not data.random_ego:
         log.info("late fusion: training each agent's own detector with a random ego per sample")
         data = type(data)(**{**data.__dict__, "random_ego": True})
-    reader = get_reader(data.format, data.root, split, **reader_kwargs(data))
+    try:
+        reader = get_reader(data.format, data.root, split, **reader_kwargs(data))
+    except TypeError as exc:
+        raise ConfigError(f"experiment '{cfg.name}': data.reader_options: {exc}") from None
     return CooperativeDataset(reader, data, model.voxel_sizes(), train=train,
                               cooperation=cooperation_for(fusion, train), seed=cfg.train.seed)
 

@@ -18,7 +18,7 @@ B samples, features (N, C, H, W) on the common :class:`BEVGrid`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Literal, Optional
+from typing import Dict, List, Literal, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -68,7 +68,7 @@ class CooperativeDetector(nn.Module):
     lidar_range: the ego detection area (from ``data.lidar_range``).
     link: ``{type: full_feature | gencomm, ...}`` for intermediate fusion.
     anchors: AnchorGenerator arguments except the grid (sizes, rotations, z_center).
-    pos_iou / neg_iou: target assignment thresholds.
+    pos_iou / neg_iou: target assignment thresholds (one, or one per class).
     loss: DetectionLoss arguments. depth_weight: LSS depth supervision weight.
     score_threshold / nms_iou / max_boxes: post-processing (FORMATS.md section 4).
     """
@@ -76,7 +76,8 @@ class CooperativeDetector(nn.Module):
     def __init__(self, agent_types: Dict[str, dict], lidar_range,
                  fusion: Literal["none", "early", "late", "intermediate"] = "intermediate",
                  fusion_op: Literal["att", "max"] = "att", link: Optional[dict] = None,
-                 anchors: Optional[dict] = None, pos_iou: float = 0.6, neg_iou: float = 0.45,
+                 anchors: Optional[dict] = None, pos_iou: Union[float, List[float]] = 0.6,
+                 neg_iou: Union[float, List[float]] = 0.45,
                  loss: Optional[dict] = None, depth_weight: float = 1.0,
                  score_threshold: float = 0.2, nms_iou: float = 0.15, max_boxes: int = 150):
         super().__init__()
@@ -147,13 +148,16 @@ class CooperativeDetector(nn.Module):
         return ModelOutput(self.head(ego), depth_logits=depth)
 
     # ------------------------------------------------------------------ loss
-    def targets(self, gt_boxes: List[Tensor]) -> Targets:
+    def targets(self, gt_boxes: List[Tensor], gt_classes: List[Tensor]) -> Targets:
         anchors = self.anchors.cpu()
-        items = [assign_targets(anchors, g.cpu().float(), self.pos_iou, self.neg_iou, self.coder) for g in gt_boxes]
+        anchor_classes = self.anchor_gen.flat_classes()
+        items = [assign_targets(anchors, g.cpu().float(), self.pos_iou, self.neg_iou, self.coder,
+                                gt_classes=c.cpu(), anchor_classes=anchor_classes)
+                 for g, c in zip(gt_boxes, gt_classes)]
         return Targets.stack(items)
 
     def loss(self, out: ModelOutput, batch) -> LossOutput:
-        targets = self.targets(batch.gt_boxes).to(out.head.cls.device)
+        targets = self.targets(batch.gt_boxes, batch.gt_classes).to(out.head.cls.device)
         terms = self.criterion(out.head, targets)
         parts = {"cls": terms.cls, "box": terms.box, "dir": terms.dir}
         total = terms.total

@@ -55,8 +55,12 @@ def _single_type(cfg: ExperimentConfig, run: Path) -> str:
     return types[0]
 
 
-def plan_onboarding(ego_run, new_runs: Sequence, overrides: Sequence[str] = (), epochs=None) -> OnboardPlan:
-    """Compose the stage-2 experiment from the stage-1 run folders."""
+def plan_onboarding(ego_run, new_runs: Sequence, overrides: Sequence[str] = (), epochs=None,
+                    config=None) -> OnboardPlan:
+    """The stage-2 experiment: ``config`` (a stage-2 yaml) when given, else composed
+    from the stage-1 run folders (the ego's settings plus each new type's stack)."""
+    if config is not None:
+        return _plan_from_config(Path(config), Path(ego_run), [Path(r) for r in new_runs], overrides, epochs)
     ego_run = Path(ego_run)
     ego_cfg = load_experiment(ego_run / "config.yaml")
     ego_type = _single_type(ego_cfg, ego_run)
@@ -86,6 +90,22 @@ def plan_onboarding(ego_run, new_runs: Sequence, overrides: Sequence[str] = (), 
     apply_overrides(d, prov, overrides)
     cfg = config_from_dict(ExperimentConfig, d, prov)
     return OnboardPlan(cfg, ego_type, list(new), ego_run, new)
+
+
+def _plan_from_config(path: Path, ego_run: Path, new_runs: List[Path], overrides, epochs) -> OnboardPlan:
+    extra = list(overrides) + ([f"train.epochs={int(epochs)}"] if epochs is not None else [])
+    cfg = load_experiment(path, extra)
+    ego_type = _single_type(load_experiment(ego_run / "config.yaml"), ego_run)
+    new = {_single_type(load_experiment(r / "config.yaml"), r): r for r in new_runs}
+    types = set(cfg.model.get("agent_types", {}))
+    if set(cfg.stage.new_types) != set(new):
+        raise ValueError(f"{path}: stage.new_types {cfg.stage.new_types} but the --new runs hold {sorted(new)}")
+    if types != {ego_type, *new}:
+        raise ValueError(f"{path}: model.agent_types {sorted(types)} must be the ego's type {ego_type} "
+                         f"plus the new types {sorted(new)}")
+    if cfg.model.get("link", {}).get("generation_weight", 1.0) != 0.0:
+        log.warning("%s: stage 2 normally trains with the detection loss only (generation_weight 0)", path)
+    return OnboardPlan(cfg, ego_type, list(cfg.stage.new_types), ego_run, new)
 
 
 def build_onboarding_model(plan: OnboardPlan):

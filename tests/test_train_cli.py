@@ -118,3 +118,13 @@ def test_gencomm_stage1_then_onboarding(dataset, tmp_path, capsys):
     assert changed
     assert all(torch.equal(s1m3[k], s2[k]) for k in s1m3 if k.startswith("encoders.m3."))
     assert inference.main(["--model_dir", str(out), "--max_frames", "1"]) == 0
+    capsys.readouterr()
+    assert inference.main(["--model_dir", str(out), "--max_frames", "2", "--dynamic", "m1,m3"]) == 0
+    table = capsys.readouterr().out
+    assert "+m3" in table and f"{dme:,}" in table
+    rows = json.loads((out / "eval_dynamic.json").read_text())
+    assert [r["types"] for r in rows] == [["m1"], ["m1", "m3"]]
+    # cycle m1, m3, m1: the m1 alliance has one m1 collaborator, adding m3 brings the second
+    assert rows[0]["collaborators_per_frame"] == 1 and rows[1]["collaborators_per_frame"] == 2
+    assert rows[1]["bytes_per_message"] > 0
+    assert inference.main(["--model_dir", str(out), "--dynamic", "m1,m9"]) == 2

@@ -4,8 +4,9 @@ collaborator sends per frame, BEV images of detections vs ground truth.
 
     python tools/inference.py --model_dir runs/NAME [--fusion_method no|late|early|intermediate]
                               [--split test] [--plot_every 20] [--max_frames N]
+    python tools/inference.py --model_dir runs/ONBOARD --dynamic m1,m3     # ego m1, then +m3
 
-Writes eval_<method>.yaml / .json and bev/*.png into the run folder.
+Writes eval_<method>.yaml / .json (eval_dynamic.json) and bev/*.png into the run folder.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def main(argv=None) -> int:
     p.add_argument("--split", default=None, help="default: eval.split of the run's config")
     p.add_argument("--plot_every", type=int, default=None, help="BEV image every N frames (0 = none)")
     p.add_argument("--max_frames", type=int, default=None)
+    p.add_argument("--dynamic", default=None, metavar="T1,T2,...",
+                   help="evaluate the alliance growing in this order of agent types (paper-style table)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -39,10 +42,22 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     split = args.split or cfg.eval.split
+    max_frames = args.max_frames if args.max_frames is not None else cfg.eval.max_frames
+    if args.dynamic:
+        from gencomm.dynamic import format_dynamic, run_dynamic
+        order = [t.strip() for t in args.dynamic.split(",") if t.strip()]
+        try:
+            rows = run_dynamic(cfg, model, order, split, out_dir=args.model_dir, max_frames=max_frames)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"== {args.model_dir} on {split} ==")
+        print(format_dynamic(rows))
+        return 0
     dataset = build_dataset(cfg, model, split, train=False)
     result = evaluate(model, dataset, out_dir=args.model_dir,
                       plot_every=cfg.eval.plot_every if args.plot_every is None else args.plot_every,
-                      max_frames=args.max_frames if args.max_frames is not None else cfg.eval.max_frames,
+                      max_frames=max_frames,
                       label=model.fusion)
     print(f"== {args.model_dir} on {split} ==")
     print(result.table())

@@ -2,7 +2,10 @@
 """Onboard new agent types into an existing GenComm alliance (stage 2).
 
     python tools/onboard.py --ego runs/STAGE1_M1 --new runs/STAGE1_M3 [--new ...] -o runs/ONBOARD
-                            [--epochs N] [--set train.lr=0.0005]
+                            [-y configs/sim/gencomm_stage2_m1_m3.yaml] [--epochs N] [--set train.lr=0.0005]
+
+Without -y the stage-2 experiment is composed from the runs: the ego's
+settings, each new type's stack, lr 5e-4, detection loss only.
 
 Merges the stage-1 checkpoints, freezes everything except the new types'
 message extractors (frozen BatchNorm stays in eval mode every epoch), trains
@@ -25,6 +28,7 @@ def main(argv=None) -> int:
     p.add_argument("--ego", type=Path, required=True, help="the receiver's stage-1 run folder")
     p.add_argument("--new", type=Path, action="append", required=True, help="a new type's stage-1 run folder")
     p.add_argument("-o", "--out", type=Path, required=True, help="run folder for the onboarding")
+    p.add_argument("-y", "--hypes_yaml", type=Path, default=None, help="a stage-2 experiment yaml (optional)")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
@@ -36,7 +40,7 @@ def main(argv=None) -> int:
     from gencomm.training.trainer import Trainer
 
     try:
-        plan = plan_onboarding(args.ego, args.new, args.overrides, args.epochs)
+        plan = plan_onboarding(args.ego, args.new, args.overrides, args.epochs, args.hypes_yaml)
         model, policy = build_onboarding_model(plan)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

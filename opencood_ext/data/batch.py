@@ -29,7 +29,7 @@ class Batch:
     T_ego_from_agent: (N, 4, 4) float32, agent frame -> its sample's ego frame.
     inputs: per type, a LidarInput or CameraInput of that type's agents.
     type_index: per type, (n_t,) long positions in the flattened agent list.
-    gt_boxes: B tensors (G_b, 7) in the ego frame.
+    gt_boxes: B tensors (G_b, 7) in the ego frame; gt_classes: B tensors (G_b,) long.
     num_points: (N,) points each agent's sensor produced (LiDAR) or 0.
     """
 
@@ -41,6 +41,7 @@ class Batch:
     type_index: Dict[str, torch.Tensor]
     gt_boxes: List[torch.Tensor]
     num_points: torch.Tensor
+    gt_classes: List[torch.Tensor] = field(default_factory=list)
     scenarios: List[str] = field(default_factory=list)
     timestamps: List[str] = field(default_factory=list)
     early_sent_bytes: List[List[int]] = field(default_factory=list)  # per sample, per collaborator
@@ -73,7 +74,7 @@ class Batch:
             inputs={k: v.to(device) for k, v in self.inputs.items()},
             type_index={k: v.to(device) for k, v in self.type_index.items()},
             gt_boxes=[g.to(device) for g in self.gt_boxes],
-            num_points=self.num_points.to(device),
+            num_points=self.num_points.to(device), gt_classes=[g.to(device) for g in self.gt_classes],
             scenarios=self.scenarios, timestamps=self.timestamps, early_sent_bytes=self.early_sent_bytes)
 
 
@@ -109,5 +110,6 @@ def collate_samples(samples: List[Sample]) -> Batch:
         inputs=inputs, type_index=type_index,
         gt_boxes=[torch.from_numpy(s.gt_boxes) for s in samples],
         num_points=torch.as_tensor([a.num_points for a in flat], dtype=torch.long),
+        gt_classes=[torch.from_numpy(s.gt_classes) for s in samples],
         scenarios=[s.scenario for s in samples], timestamps=[s.timestamp for s in samples],
         early_sent_bytes=[list(s.sent_bytes) for s in samples])

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, List, Literal, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 import numpy as np
 import torch
@@ -65,7 +65,18 @@ class DataConfig:
         "cycle:<t1>,<t2>" (t1, t2, t1, ... over the sorted agents).
     agent_types: the alliance; agents of other types are left out.
     lidar_range: (xmin, ymin, zmin, xmax, ymax, zmax) of the ego's detection area.
+    classes: object types kept as one class (single-class detection).
+    reader_options: extra reader arguments, e.g. ``{mode: vc}`` for V2X-Real or
+        ``{hetero_root: ...}`` for OPV2V-H.
+    class_groups: multi-class detection instead: ``{class_name: [object types]}``;
+        the class index is the group's position (V2X-Real's super-classes).
     """
+
+    def class_table(self) -> Dict[str, int]:
+        """Object type -> class index."""
+        if self.class_groups:
+            return {t: k for k, types in enumerate(self.class_groups.values()) for t in types}
+        return {t: 0 for t in self.classes}
 
     format: Literal["opv2v", "dairv2x", "v2xreal"] = "opv2v"
     root: str = "data/sim"
@@ -78,10 +89,12 @@ class DataConfig:
     comm_range: float = 70.0
     max_agents: int = 5
     classes: List[str] = field(default_factory=lambda: list(VEHICLE_CLASSES))
+    class_groups: Optional[Dict[str, List[str]]] = None
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     random_ego: bool = False
     skip_bad_frames: bool = False
     max_frames: Optional[int] = None
+    reader_options: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,7 +117,7 @@ class AgentInput:
 class Sample:
     """One training/evaluation sample: the ego first in ``agents``.
 
-    gt_boxes: (G, 7) float32 in the (augmented) ego frame; gt_ids: (G,) int64.
+    gt_boxes: (G, 7) float32 in the (augmented) ego frame; gt_ids, gt_classes: (G,) int64.
     """
 
     scenario: str
@@ -113,6 +126,7 @@ class Sample:
     agents: List[AgentInput]
     gt_boxes: np.ndarray
     gt_ids: np.ndarray
+    gt_classes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     sent_bytes: List[int] = field(default_factory=list)  # early fusion: raw points each collaborator sent
 
 
@@ -146,6 +160,7 @@ class CooperativeDataset(Dataset):
         self.cooperation = cooperation
         self.seed = seed
         self.forced_types = type_override(cfg.modality)
+        self.class_table = cfg.class_table()
         self.voxelizers = {}
         for name, spec in cfg.agent_types.items():
             if spec.sensor != "lidar":
@@ -238,7 +253,7 @@ class CooperativeDataset(Dataset):
         T_augego_from_world = A @ invert_transform(ego.T_world_from_lidar)
 
         gt = frame_ground_truth(frame, invert_transform(T_augego_from_world), self.cfg.lidar_range,
-                                classes=self.cfg.classes)
+                                classes=list(self.class_table))
         inputs: List[AgentInput] = []
         if self.cooperation == "early":
             merged, sent = [], []
@@ -274,5 +289,6 @@ class CooperativeDataset(Dataset):
                 inputs.append(item)
         return Sample(frame.scenario, str(frame.timestamp), ego.agent_id, inputs,
                       gt.boxes.astype(np.float32), gt.ids.astype(np.int64),
+                      np.asarray([self.class_table[t] for t in gt.types], dtype=np.int64),
                       sent_bytes=sent if self.cooperation == "early" else [])
 

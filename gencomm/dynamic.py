@@ -1,0 +1,78 @@
+"""Dynamic evaluation: agent types join the ego's alliance one after another
+(ego m1; then m1 + m2; then m1 + m2 + m3; ...) and each step is evaluated, as in
+the paper's tables. Each row gives AP, the bytes one collaborator sends per
+frame and what it cost to onboard the newest type (trainable parameters and
+FLOPs of its message extractor at the model's feature size).
+"""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import torch
+
+from .evaluate import EvalResult, evaluate
+from .experiment import ExperimentConfig, build_dataset
+from .flops import count_flops, count_parameters
+
+
+@dataclass
+class DynamicRow:
+    types: List[str]
+    result: EvalResult
+    onboard_params: Optional[int]
+    onboard_gflops: Optional[float]
+
+    @property
+    def label(self) -> str:
+        return self.types[0] if len(self.types) == 1 else "+" + self.types[-1]
+
+
+def onboarding_cost(model, agent_type: str):
+    """(trainable parameters, GFLOPs) of ``agent_type``'s message extractor on one feature map."""
+    if model.link is None or not hasattr(model.link, "dme") or agent_type not in model.link.dme:
+        return None, None
+    dme = model.link.dme[agent_type]
+    H, W = model.grid.shape
+    x = torch.zeros(1, model.channels, H, W, device=next(dme.parameters()).device)
+    return count_parameters(dme), count_flops(dme, (x,)) / 1e9
+
+
+def run_dynamic(cfg: ExperimentConfig, model, order: Sequence[str], split: str,
+                out_dir: Optional[Path] = None, max_frames: Optional[int] = None) -> List[DynamicRow]:
+    """Evaluate the alliance ``order[:1]``, ``order[:2]``, ... with the same trained model."""
+    missing = [t for t in order if t not in model.encoders]
+    if missing:
+        raise ValueError(f"types {missing} are not in this model (it has {sorted(model.encoders)})")
+    rows = []
+    for k in range(1, len(order) + 1):
+        types = list(order[:k])
+        sub = copy.deepcopy(cfg)
+        sub.data.agent_types = {t: cfg.data.agent_types[t] for t in types}
+        dataset = build_dataset(sub, model, split, train=False)
+        res = evaluate(model, dataset, out_dir=None, max_frames=max_frames, label="+".join(types))
+        params, gflops = onboarding_cost(model, types[-1]) if k > 1 else (None, None)
+        rows.append(DynamicRow(types, res, params, gflops))
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "eval_dynamic.json").write_text(json.dumps(
+            [{"types": r.types, "onboard_params": r.onboard_params, "onboard_gflops": r.onboard_gflops,
+              **r.result.to_json()} for r in rows], indent=2))
+    return rows
+
+
+def format_dynamic(rows: List[DynamicRow], order: str = "global") -> str:
+    head = (f"{'alliance':<14}{'AP@0.3':>8}{'AP@0.5':>8}{'AP@0.7':>8}{'bytes/msg':>11}"
+            f"{'collab/frame':>14}{'onboard params':>16}{'onboard GFLOPs':>16}")
+    lines = [f"dynamic evaluation ({order} AP order)", head]
+    for r in rows:
+        ap = r.result.ap[order]
+        params = f"{r.onboard_params:,}" if r.onboard_params is not None else "-"
+        gflops = f"{r.onboard_gflops:.3f}" if r.onboard_gflops is not None else "-"
+        lines.append(f"{r.label:<14}{ap[0.3]:>8.3f}{ap[0.5]:>8.3f}{ap[0.7]:>8.3f}"
+                     f"{r.result.bytes_per_message:>11.0f}{r.result.collaborators_per_frame:>14.2f}"
+                     f"{params:>16}{gflops:>16}")
+    return "\n".join(lines)
