@@ -85,6 +85,15 @@ class FullFeatureLink(nn.Module):
         self.lidar_range = list(lidar_range)
         self.wire_dtype = wire_dtype
 
+    def messages(self, features: Tensor, agent_types: List[str]) -> Tensor:
+        """The message IS the feature."""
+        return features
+
+    def generate(self, messages: Tensor, T_ego_from_sender: Tensor, ego_feature: Tensor,
+                 receiver_types: List[str]) -> Tensor:
+        """Receiver side: warp the received features (n, C, H, W) into the ego frame."""
+        return warp_to_ego(messages, T_ego_from_sender, self.lidar_range)
+
     def forward(self, features: Tensor, batch) -> LinkOutput:
         n, _, H, W = features.shape
         T = batch.T_ego_from_agent
@@ -156,6 +165,28 @@ class GenCommLink(nn.Module):
             out[idx] = self.dme[t](features[idx])
         return out
 
+    def generate(self, messages: Tensor, T_ego_from_sender: Tensor, ego_feature: Tensor,
+                 receiver_types: List[str]) -> Tensor:
+        """The receiver side, batched over collaborators.
+
+        messages: (n, m, H, W) as sent, each in its sender's frame.
+        T_ego_from_sender: (n, 4, 4); ego_feature: (n, C, H, W) the receiving ego's own
+        feature (ego frame) for each message; receiver_types: (n,) the ego's type.
+        Returns (n, C, H, W) generated, enhanced features in the ego frame.
+        """
+        n, _, H, W = messages.shape
+        gen = ego_feature.new_zeros(n, ego_feature.shape[1], H, W)
+        cond = warp_to_ego(messages, T_ego_from_sender, self.lidar_range) if self.warp_before_generation \
+            else messages
+        for r in dict.fromkeys(receiver_types):
+            if r not in self.safg:
+                raise KeyError(f"receiver type {r} has no feature generator; known: {sorted(self.safg)}")
+            sel = torch.as_tensor([k for k, t in enumerate(receiver_types) if t == r], device=messages.device)
+            gen[sel] = self.enhancer[r](self.safg[r](cond[sel], ego_feature[sel]).feature)
+        if not self.warp_before_generation:
+            gen = warp_to_ego(gen, T_ego_from_sender, self.lidar_range)
+        return gen
+
     def forward(self, features: Tensor, batch) -> LinkOutput:
         n, C, H, W = features.shape
         device = features.device
@@ -179,18 +210,7 @@ class GenCommLink(nn.Module):
         if len(collab):
             receiver_of = [batch.agent_types[int(ego_index[int(sample[i])])] for i in collab]
             ego_feat = ego_feat_b[sample[collab]]  # (n_c, C, H, W) receiver's own feature, ego frame
-            gen = features.new_zeros(len(collab), C, H, W)
-            if self.warp_before_generation:
-                cond = warp_to_ego(msg[collab], T[collab], self.lidar_range)
-            else:
-                cond = msg[collab]
-            for r in dict.fromkeys(receiver_of):
-                sel = torch.as_tensor([k for k, t in enumerate(receiver_of) if t == r], device=device)
-                g = self.safg[r](cond[sel], ego_feat[sel]).feature
-                gen[sel] = self.enhancer[r](g)
-            if not self.warp_before_generation:
-                gen = warp_to_ego(gen, T[collab], self.lidar_range)
-            gen = gen * valid[collab]
+            gen = self.generate(msg[collab], T[collab], ego_feat, receiver_of) * valid[collab]
             out = out.index_copy(0, collab, gen)
             if self.generation_weight > 0 and self.training:
                 target = warp_to_ego(features[collab].detach(), T[collab], self.lidar_range)

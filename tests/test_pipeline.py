@@ -139,3 +139,40 @@ def test_modality_overrides():
     model = CooperativeDetector({"m1": PP, "m3": pp3}, RANGE)
     ds = _dataset(model, "all", alliance=["m1", "m3"], modality="cycle:m1,m3")
     assert [a.agent_type for a in ds[0].agents] == ["m1", "m3", "m1"]
+
+
+def test_generation_follows_a_shifted_message():
+    """Warp-then-generate: a message sent from a sender frame shifted by a known
+    transform generates the same ego-frame feature as the unshifted message."""
+    from opencood_ext.models.warp import warp_to_ego
+    torch.manual_seed(0)
+    model = CooperativeDetector({"m1": PP}, RANGE, link={"type": "gencomm", "generator": {"base_channels": 8}})
+    model.eval()
+    link = model.link
+    H, W = model.grid.shape
+    msg = torch.zeros(1, link.message_channels, H, W)
+    msg[0, :, 10:14, 12:20] = 2.0  # a blob in the ego frame
+    ego = torch.randn(1, model.channels, H, W)
+    shift = 4 * model.grid.cell[0]  # exactly 4 cells along x
+    T = torch.eye(4)[None].clone()
+    T[0, 0, 3] = shift  # sender frame = ego frame moved back by 4 cells: T_ego_from_sender
+    T_inv = torch.eye(4)[None].clone()
+    T_inv[0, 0, 3] = -shift
+    msg_sender = warp_to_ego(msg, T_inv, model.lidar_range)  # what that sender would transmit
+    with torch.no_grad():
+        torch.manual_seed(1)
+        ref = link.generate(msg, torch.eye(4)[None], ego, ["m1"])
+        torch.manual_seed(1)
+        got = link.generate(msg_sender, T, ego, ["m1"])
+    torch.testing.assert_close(got[..., :, 8:-8], ref[..., :, 8:-8], atol=1e-4, rtol=1e-4)
+    # moving the blob itself moves the generated feature where the message differs
+    torch.manual_seed(1)
+    with torch.no_grad():
+        moved = link.generate(torch.roll(msg, 6, dims=-1), torch.eye(4)[None], ego, ["m1"])
+    assert not torch.allclose(moved, ref)
+    # the reference order (generate in the sender frame, then warp) does not have this property
+    link.warp_before_generation = False
+    with torch.no_grad():
+        torch.manual_seed(1)
+        ref_order = link.generate(msg_sender, T, ego, ["m1"])
+    assert (ref_order[..., :, 8:-8] - ref[..., :, 8:-8]).abs().max() > 1e-3
