@@ -39,7 +39,7 @@ class Profile:
 
 
 PROFILES = {
-    "default": Profile(scenarios=12, frames=24),
+    "default": Profile(scenarios=10, frames=20),
     "quick": Profile(scenarios=4, frames=3, onboard_epochs=1, overrides=[
         "train.epochs=1", "train.max_steps_per_epoch=2", "train.max_val_batches=1", "train.num_workers=0",
         "eval.max_frames=3", "eval.plot_every=1"]),
