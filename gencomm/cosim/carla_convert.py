@@ -19,7 +19,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from opencood_ext.data.frame import ObjectLabel
-from opencood_ext.geometry.transforms import matrix_to_pose, pose_to_matrix
+from opencood_ext.geometry.boxes import objects_to_boxes, points_in_boxes
+from opencood_ext.geometry.transforms import invert_transform, matrix_to_pose, pose_to_matrix
 
 from .world import AgentInfo, CameraSpec, LidarSpec
 
@@ -194,6 +195,25 @@ def vehicle_label(actor_id: int, transform, bounding_box, obj_type: str = "Car",
     ext = bounding_box.extent
     return ObjectLabel(object_id=int(actor_id), location=location, center=center, angle=angle,
                        extent=[ext.x, ext.y, ext.z], obj_type=obj_type, speed=float(speed_kmh))
+
+
+def visible_ids(ids: Sequence[int], objects: Sequence[ObjectLabel], points: np.ndarray,
+                T_world_lidar: np.ndarray, max_range: float, min_points: int = 1) -> List[int]:
+    """Ids of the objects with at least ``min_points`` of ``points`` (N, 3+), LiDAR
+    frame) inside their box and a centre within ``max_range`` m (xy) of the sensor."""
+    if not len(ids) or not len(points):
+        return []
+    boxes = objects_to_boxes(objects, invert_transform(T_world_lidar))  # (M, 7) LiDAR frame
+    xy = np.asarray(points[:, :2], dtype=np.float64)
+    out = []
+    for oid, box in zip(ids, boxes):
+        if np.hypot(box[0], box[1]) > max_range:
+            continue
+        r = 0.5 * np.linalg.norm(box[3:5])  # circumradius in xy: a cheap pre-filter
+        near = (np.abs(xy[:, 0] - box[0]) <= r) & (np.abs(xy[:, 1] - box[1]) <= r)
+        if near.sum() >= min_points and points_in_boxes(points[near, :3], box[None]).sum() >= min_points:
+            out.append(int(oid))
+    return sorted(out)
 
 
 def speed_kmh(velocity) -> float:
