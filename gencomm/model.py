@@ -6,8 +6,8 @@ Fusion methods (``fusion``):
 * ``none``: the ego's own feature only (train and test on ``cooperation="ego_only"``).
 * ``early``: the dataset merged every LiDAR agent's points into the ego frame;
   the model sees one cloud per sample (``cooperation="early"``).
-* ``late``: trained like ``none`` (each agent a detector of its own view); at
-  inference every agent detects in its own frame, boxes move to the ego frame
+* ``late``: trained like ``none`` (each agent a detector of its own view;
+  ``forward`` is the ego's view); ``predict`` lets every agent detect in its own frame, boxes move to the ego frame
   and are merged by rotated NMS. Bytes = boxes sent.
 * ``intermediate``: per-agent BEV features go through ``link`` (full feature or
   GenComm message), are fused per pixel (``fusion_op``) and detected.
@@ -41,12 +41,10 @@ BOX_BYTES = 8 * 4  # late fusion: 7 box values + score as float32
 
 @dataclass
 class ModelOutput:
-    """head: (B, ...) maps on the ego grid (None for late-fusion inference).
-    agent_head: (N, ...) per-agent maps in each agent's own frame (late fusion).
+    """head: (B, ...) maps on the ego grid.
     depth_logits: per camera type (n_t, Ncam, D, h, w). link: the link's output."""
 
-    head: Optional[HeadOutput]
-    agent_head: Optional[HeadOutput] = None
+    head: HeadOutput
     depth_logits: Dict[str, Tensor] = field(default_factory=dict)
     link: Optional[LinkOutput] = None
 
@@ -142,8 +140,6 @@ class CooperativeDetector(nn.Module):
             link = self.link(feats, batch)
             fused = self.fuse(link.features, batch.agents_per_sample, link.valid)
             return ModelOutput(self.head(fused), depth_logits=depth, link=link)
-        if self.fusion == "late" and not self.training:
-            return ModelOutput(None, agent_head=self.head(feats), depth_logits=depth)
         ego = warp_to_ego(feats[ego_index], batch.T_ego_from_agent[ego_index].to(feats.device), self.lidar_range)
         return ModelOutput(self.head(ego), depth_logits=depth)
 
@@ -177,11 +173,11 @@ class CooperativeDetector(nn.Module):
     @torch.no_grad()
     def predict(self, batch) -> tuple:
         """-> (list of B :class:`Detections` in each ego frame, (N,) bytes each agent sent)."""
-        out = self.forward(batch)
         n = batch.num_agents
         nbytes = torch.zeros(n, dtype=torch.long)
         if self.fusion == "late":
-            per_agent = decode_detections(out.agent_head, self.anchors, coder=self.coder, **self.post)
+            feats, _ = self.encode(batch)  # every agent detects in its own frame
+            per_agent = decode_detections(self.head(feats), self.anchors, coder=self.coder, **self.post)
             dets = []
             start = 0
             ego_index = batch.ego_index.tolist()
@@ -203,6 +199,7 @@ class CooperativeDetector(nn.Module):
                 inside = (boxes[:, 0] >= r[0]) & (boxes[:, 0] <= r[3]) & (boxes[:, 1] >= r[1]) & (boxes[:, 1] <= r[4])
                 dets.append(Detections(boxes=boxes[inside], scores=scores[inside], labels=labels[inside]))
             return dets, nbytes
+        out = self.forward(batch)
         dets = decode_detections(out.head, self.anchors, coder=self.coder, gt_range=self.lidar_range, **self.post)
         if out.link is not None and out.link.bytes_sent is not None:
             nbytes = out.link.bytes_sent.cpu()

@@ -1,0 +1,32 @@
+"""The main job's --quick profile end to end (slow: simulates and trains seven models)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_quick_reproduction_end_to_end(tmp_path):
+    out, data = tmp_path / "results", tmp_path / "data"
+    proc = subprocess.run([sys.executable, "tools/reproduce.py", "--quick", "--out", str(out), "--data", str(data)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = (out / "REPORT.md").read_text()
+    for method in ("No fusion", "Late fusion", "Early fusion", "Intermediate (full feature)", "GenComm"):
+        assert method in report
+    assert (out / "ap_vs_bytes.png").stat().st_size > 0
+    results = json.loads((out / "results.json").read_text())
+    rows = {r["method"]: r for r in results["rows"]}
+    assert rows["No fusion"]["eval"]["bytes_per_message"] == 0
+    gen = rows["GenComm (m3 onboarded)"]
+    full = rows["Intermediate (full feature)"]
+    assert 0 < gen["eval"]["bytes_per_message"] * 64 <= full["eval"]["bytes_per_message"] * 1.01
+    assert results["onboarding"]["trainable_params_per_new_type"]["m3"] == gen["trainable_params"]
+    # a second run finds everything done and only re-evaluates
+    again = subprocess.run([sys.executable, "tools/reproduce.py", "--quick", "--out", str(out), "--data", str(data)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    assert again.returncode == 0, again.stderr[-4000:]
