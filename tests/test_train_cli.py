@@ -128,3 +128,30 @@ def test_gencomm_stage1_then_onboarding(dataset, tmp_path, capsys):
     assert rows[0]["collaborators_per_frame"] == 1 and rows[1]["collaborators_per_frame"] == 2
     assert rows[1]["bytes_per_message"] > 0
     assert inference.main(["--model_dir", str(out), "--dynamic", "m1,m9"]) == 2
+
+
+def test_torchrun_two_processes_with_the_real_detector(dataset, tmp_path):
+    """tools/train.py under torchrun (gloo, 2 CPU ranks) trains and rank 0 writes the run folder.
+    (Identical weights across ranks are checked on the engine in test_ddp.py.)"""
+    import socket
+    import subprocess
+    cfg = _config(tmp_path, dataset, "ddp", {"m1": PP}, {"fusion": "intermediate", "link": {"type": "full_feature"}})
+    run = tmp_path / "ddp_run"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = (
+        "import sys; sys.path.insert(0, %r); import train\n"
+        "sys.exit(train.main(['-y', %r, '--model_dir', %r, '--set', 'train.max_steps_per_epoch=2']))\n"
+    ) % (str(ROOT / "tools"), str(cfg), str(run))
+    entry = tmp_path / "ddp_entry.py"
+    entry.write_text(script)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                           "--master_addr=127.0.0.1", f"--master_port={port}", str(entry)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (run / "checkpoints" / "latest.pth").exists() and (run / "config.yaml").exists()
+    from gencomm.training.checkpoint import load_checkpoint
+    state = load_checkpoint(run / "checkpoints" / "latest.pth")
+    assert state["world_size"] == 2
