@@ -8,13 +8,7 @@ from gencomm.training.freeze import resolve_policy
 from toy_training import ToyDataset, ToyModel, collate
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only contend on the shared CPU (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class _Nested(nn.Module):

@@ -19,13 +19,7 @@ from toy_training import ToyDataset, ToyModel, collate
 TOY_SCRIPT = Path(toy_training.__file__)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only contend on the shared CPU (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cfg(**kw):
