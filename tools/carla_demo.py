@@ -104,14 +104,15 @@ def cmd_live(args) -> int:
 
 
 def cmd_record(args) -> int:
-    from gencomm.cosim.recorder import record_world
+    from gencomm.cosim.recorder import record
     world, backend = open_world(args)
     try:
-        paths = record_world(world, args.out, split=args.split, frames=args.frames, scenarios=args.scenarios,
-                             seed=args.seed)
+        res = record(world, args.out, args.scenarios, args.frames, args.seed, split_ratio=args.split_ratio,
+                     write_cameras=not args.no_cameras, settings={"backend": backend})
     finally:
         world.close()
-    print(f"recorded {len(paths)} frames from the {backend} backend into {args.out}")
+    print(f"{args.out}: recorded {len(res.recorded)} scenario(s) from the {backend} backend, skipped "
+          f"{len(res.skipped)} finished; splits {dict(sorted(res.splits.items()))}")
     return 0
 
 
@@ -131,7 +132,8 @@ def main(argv=None) -> int:
     _add_backend_args(live)
     rec = sub.add_parser("record", help="record OPV2V-H-format data")
     rec.add_argument("-o", "--out", type=Path, required=True)
-    rec.add_argument("--split", default="train")
+    rec.add_argument("--split-ratio", type=float, nargs=3, default=(0.6, 0.2, 0.2),
+                     metavar=("TRAIN", "VAL", "TEST"))
     rec.add_argument("--frames", type=int, default=20)
     rec.add_argument("--scenarios", type=int, default=1)
     _add_backend_args(rec)
