@@ -6,10 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
-from opencood_ext.data.formats import write_opv2v_frame
-from synthetic import make_frame
+from tiny_runs import GENCOMM, PP, SECOND, tiny_config as _config, tiny_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -18,46 +16,9 @@ import inference  # noqa: E402
 import onboard  # noqa: E402
 import train  # noqa: E402
 
-TINY = {
-    "data": {"format": "opv2v", "lidar_range": [-32.0, -32.0, -3.0, 32.0, 32.0, 1.0], "max_agents": 3,
-             "augment": {"enabled": True, "rotation_deg": 20.0}},
-    "model": {"anchors": {"z_center": -1.0}},
-    "train": {"epochs": 1, "batch_size": 2, "lr": 0.002, "log_every": 1, "progress_bar": False},
-    "eval": {"split": "test", "plot_every": 1},
-}
-BACKBONE = {"layer_nums": [1, 1], "layer_strides": [2, 2], "num_filters": [8, 16],
-            "upsample_strides": [1, 2], "num_upsample_filters": [8, 8]}
-
-
-def _type(encoder):
-    return {"encoder": encoder, "backbone": BACKBONE, "shrink_channels": 8}
-
-
-PP = _type({"type": "pointpillars", "voxel_size": [0.8, 0.8, 4.0], "num_filters": [8]})
-SECOND = _type({"type": "second", "voxel_size": [0.4, 0.4, 0.5], "channels": [8, 8], "blocks": [1, 1]})
-GENCOMM = {"type": "gencomm", "message": {"hidden_channels": 8}, "generator": {"base_channels": 8}}
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny_opv2v")
-    for split, seeds in {"train": [0, 1, 2, 3], "validate": [4], "test": [5, 6]}.items():
-        for s in seeds:
-            f = make_frame(seed=s, scenario=f"scn_{s}", timestamp="000068")
-            write_opv2v_frame(root, split, f, write_cameras=False)
-    return root
-
-
-def _config(tmp_path, root, name, agent_types, model, modality="all:m1"):
-    cfg = json.loads(json.dumps(TINY))
-    cfg["name"] = name
-    cfg["data"].update(root=str(root), modality=modality,
-                       agent_types={t: {"sensor": "lidar", "lidar_beams": 64 if t == "m1" else 32}
-                                    for t in agent_types})
-    cfg["model"].update(model, agent_types=agent_types)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return tiny_dataset(tmp_path_factory.mktemp("tiny_opv2v"))
 
 
 def test_train_resume_and_inference(dataset, tmp_path, capsys):

@@ -35,6 +35,7 @@ def _add_backend_args(p):
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a CARLA server")
     p.add_argument("--town", default="Town05")
     p.add_argument("--agents", type=int, default=3, help="connected agents")
+    p.add_argument("--background", type=int, default=30, help="CARLA Traffic Manager vehicles")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-cameras", action="store_true", help="record no camera images")
 
@@ -48,6 +49,7 @@ def open_world(args):
         try:
             world = CarlaWorld(host=args.host, port=args.port, timeout_s=args.timeout, town=args.town,
                                agent_types=types, num_agents=args.agents, seed=args.seed,
+                               num_background=args.background,
                                record_cameras=not args.no_cameras)
             return world, "carla"
         except CarlaUnavailable as exc:
