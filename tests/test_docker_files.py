@@ -209,12 +209,16 @@ def test_gencomm_service(compose):
     assert cmd[:2] == ["python", "tools/carla_demo.py"]
     assert (REPO / cmd[1]).is_file(), f"the demo command names {cmd[1]}, which does not exist"
     assert "live" in cmd and cmd[cmd.index("--backend") + 1] == "carla" and cmd[cmd.index("--host") + 1] == "carla"
+    model_dir = cmd[cmd.index("--model_dir") + 1]
+    m = re.fullmatch(r"\$\{GENCOMM_MODEL_DIR:-([\w./-]+)\}", model_dir)
+    assert m and m.group(1).startswith(("results/", "runs/")), "the model must come from a mounted folder"
     mounts = {}
     for v in svc["volumes"]:
         host, container = v.split(":")[:2]
         mounts[(DOCKER / host).resolve()] = container
     assert mounts[REPO / "data"] == "/workspace/gencomm/data"
     assert mounts[REPO / "runs"] == "/workspace/gencomm/runs"
+    assert mounts[REPO / "results"] == "/workspace/gencomm/results"
 
 
 def test_readme_commands_match_the_files(compose):

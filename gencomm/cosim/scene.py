@@ -84,12 +84,13 @@ class GroundTexture:
 
     def lookup(self, xy: np.ndarray) -> np.ndarray:
         """(N, 2) world xy -> (N,) codes."""
-        i = np.floor((xy[:, 0] - self.x0) / self.res).astype(np.int64)
-        j = np.floor((xy[:, 1] - self.y0) / self.res).astype(np.int64)
         ny, nx = self.codes.shape
-        ok = (i >= 0) & (i < nx) & (j >= 0) & (j < ny)
-        out = np.full(len(xy), self.outside, np.int64)
-        out[ok] = self.codes[j[ok], i[ok]]
+        i = np.floor((xy[:, 0] - self.x0) * (1.0 / self.res)).astype(np.int32)
+        j = np.floor((xy[:, 1] - self.y0) * (1.0 / self.res)).astype(np.int32)
+        out = self.codes.ravel().take(np.clip(j, 0, ny - 1) * nx + np.clip(i, 0, nx - 1))
+        off = (i < 0) | (i >= nx) | (j < 0) | (j >= ny)
+        if off.any():
+            out[off] = self.outside
         return out
 
 
@@ -106,6 +107,18 @@ class Hits:
     @property
     def hit(self) -> np.ndarray:
         return self.surface >= 0
+
+
+def rotate(vectors: np.ndarray, R: np.ndarray) -> np.ndarray:
+    """(N, 3) float32 vectors rotated by (3, 3) ``R`` (``R @ v`` per row), with
+    element-wise arithmetic: a BLAS matmul would start threads that fight
+    Embree's for the cores."""
+    R = np.asarray(R, np.float32)
+    v = np.asarray(vectors, np.float32)
+    out = v[:, 0:1] * R[:, 0]
+    out += v[:, 1:2] * R[:, 1]
+    out += v[:, 2:3] * R[:, 2]
+    return out
 
 
 def _build(vertices: np.ndarray, triangles: np.ndarray):
@@ -126,6 +139,10 @@ class RayScene:
     def __init__(self, surfaces: SurfaceTable, static: Mesh, static_surface: np.ndarray,
                  ground: Optional[GroundTexture] = None, single_scene: bool = False):
         self.surfaces = surfaces.freeze()
+        # lookup tables with one extra "no hit" row of zeros
+        self._color = np.concatenate([self.surfaces.color, np.zeros((1, 3), np.float32)])
+        self._refl = np.concatenate([self.surfaces.reflectivity, np.zeros(1, np.float32)])
+        self._pattern = np.concatenate([self.surfaces.pattern, np.zeros(1, np.int8)])
         self.ground = ground
         self.single_scene = single_scene
         self._static_mesh = (np.asarray(static[0], np.float32), np.asarray(static[1], np.int64))
@@ -153,11 +170,11 @@ class RayScene:
     def _cast_one(scene, rays: np.ndarray, table: np.ndarray):
         out = scene.cast_rays(o3c.Tensor.from_numpy(rays))
         t = out["t_hit"].numpy()
-        prim = out["primitive_ids"].numpy().astype(np.int64)
+        prim = out["primitive_ids"].numpy()
         hit = np.isfinite(t)
         surf = np.full(t.shape, -1, np.int32)
         if len(table):
-            surf[hit] = table[prim[hit]]
+            surf[hit] = table.take(prim[hit])
         return t, surf, out["primitive_normals"].numpy()
 
     def cast(self, origins: np.ndarray, directions: np.ndarray) -> Hits:
@@ -171,10 +188,10 @@ class RayScene:
         if self._static is not None:
             ts, ss, ns = self._cast_one(self._static, rays, self._static_surface)
             closer = ts < t
-            t = np.where(closer, ts, t)
-            surf = np.where(closer, ss, surf)
-            nrm = np.where(closer[:, None], ns, nrm)
-        return Hits(t.astype(np.float32), surf, nrm)
+            np.copyto(t, ts, where=closer)
+            np.copyto(surf, ss, where=closer)
+            np.copyto(nrm, ns, where=closer[:, None])
+        return Hits(t, surf, nrm)
 
     def occluded(self, origins: np.ndarray, directions: np.ndarray, tfar: float = 1e4) -> np.ndarray:
         """(N,) bool: does a ray hit anything closer than ``tfar``?"""
@@ -187,32 +204,35 @@ class RayScene:
             occ |= self._static.test_occlusions(rt, tfar=tfar).numpy().astype(bool)
         return occ
 
-    def material(self, hits: Hits, points_world: np.ndarray):
-        """Colour (N, 3) float32 0..1 and LiDAR reflectivity (N,) float32 of hit
-        surfaces (rows without a hit get zeros), with procedural patterns."""
+    def material(self, hits: Hits, points_world: np.ndarray, color: bool = True):
+        """Colour (N, 3) float32 0..1 (None with ``color=False``) and LiDAR
+        reflectivity (N,) float32 of hit surfaces (rows without a hit get
+        zeros), with procedural patterns."""
         s = self.surfaces
-        idx = np.maximum(hits.surface, 0)
-        color = s.color[idx].copy()
-        refl = s.reflectivity[idx].copy()
-        pattern = s.pattern[idx]
-        g = (pattern == PATTERN_GROUND) & hits.hit
-        if self.ground is not None and g.any():
+        hit = hits.hit
+        idx = np.where(hit, hits.surface, len(s.cls))      # the extra last row is "nothing"
+        want_color = color
+        color = self._color[idx] if want_color else None
+        refl = self._refl[idx]
+        pattern = self._pattern[idx]
+        g = np.nonzero(pattern == PATTERN_GROUND)[0]
+        if self.ground is not None and len(g):
             code = self.ground.lookup(points_world[g, :2])
-            color[g] = self.ground.colors[code]
+            if want_color:
+                color[g] = self.ground.colors[code]
             refl[g] = self.ground.reflectivity[code]
-        f = (pattern == PATTERN_FACADE) & hits.hit
-        if f.any():
+        f = np.nonzero(pattern == PATTERN_FACADE)[0]
+        if len(f):
             p = points_world[f]
             n = np.abs(hits.normal[f])
             along = np.where(n[:, 0] > n[:, 1], p[:, 1], p[:, 0])
             storey = np.mod(p[:, 2], 3.2)
             bay = np.mod(along, 2.8)
             window = (storey > 1.0) & (storey < 2.4) & (bay > 0.5) & (bay < 2.3) & (p[:, 2] > 0.9) & (n[:, 2] < 0.5)
-            color[f] = np.where(window[:, None], color[f] * 0.25 + np.array([0.12, 0.16, 0.22], np.float32),
-                                color[f])
-            refl[f] = np.where(window, refl[f] * 0.4, refl[f])
-        color[~hits.hit] = 0.0
-        refl[~hits.hit] = 0.0
+            w = f[window]
+            if want_color:
+                color[w] = color[w] * 0.25 + np.array([0.12, 0.16, 0.22], np.float32)
+            refl[w] *= 0.7
         return color, refl
 
     def object_ids(self, hits: Hits) -> np.ndarray:

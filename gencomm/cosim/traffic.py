@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
-from scipy.spatial import cKDTree
 
+from .following import first_obstacles
 from .roads import RoadNetwork
 from .vehicles import sample_class, sample_size
 
@@ -41,6 +41,7 @@ class TrafficParams:
     lookahead: float = 60.0
     lateral_margin: float = 0.35
     long_vehicle: float = 7.0                   # m; longer ones take a junction alone
+    starvation_s: float = 4.0                   # a request refused this long blocks newcomers
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Vehicle:
     color_index: int
     parked: bool = False
     route: List[int] = field(default_factory=list)
+    history: List[int] = field(default_factory=list)   # lanes already left, most recent last
     s: float = 0.0
     v: float = 0.0
     desired: float = 1.0        # factor on the lane speed limit
@@ -74,6 +76,8 @@ class Traffic:
         self._next_id = int(rng.integers(100, 3000))
         self._occupants: Dict[int, Dict[int, int]] = {j.junction_id: {} for j in network.junctions}
         self._long: Dict[int, bool] = {}
+        self._waiting: Dict[int, float] = {}   # vehicle id -> seconds its junction request was refused
+        self._dt = 0.05
 
     # ------------------------------------------------------------------ spawning
     def _new(self, cls_name: str = "", parked: bool = False) -> Vehicle:
@@ -144,29 +148,46 @@ class Traffic:
         while ahead < self.p.lookahead + 30.0:
             nxt = lanes[veh.route[-1]].successors
             pick = nxt[int(veh.rng.integers(len(nxt)))]
+            if veh.size[0] > self.p.long_vehicle and len(nxt) > 1 and veh.rng.random() < 0.85:
+                straight = [n for n in nxt if self._is_straight(n)]   # long vehicles keep to their street
+                pick = straight[0] if straight else pick
             veh.route.append(pick)
             ahead += lanes[pick].length
 
-    def _path(self, veh: Vehicle):
-        """Route samples (1 m apart) ahead of the vehicle centre: s (K,) path
-        coordinate, xy (K, 2), speed limit (K,)."""
+    def _is_straight(self, lane_id: int) -> bool:
+        pts = self.net.lanes[lane_id].points
+        d0, d1 = pts[1] - pts[0], pts[-1] - pts[-2]
+        return float(np.dot(d0, d1)) > 0.95 * np.linalg.norm(d0) * np.linalg.norm(d1)
+
+    def _path(self, veh: Vehicle, behind: float = 0.0):
+        """Route samples (about 1 m apart) from ``behind`` m behind the vehicle
+        centre to the look-ahead: s (K,) path coordinate (0 = centre), xy (K, 2),
+        speed limit (K,). Lanes already left (``history``) supply the part behind."""
         lanes = self.net.lanes
+        seq = veh.history + veh.route
+        base = -veh.s - sum(lanes[h].length for h in veh.history)
         out_s, out_xy, out_v = [], [], []
-        base = -veh.s  # path coordinate of the current lane's start
-        for n, lid in enumerate(veh.route):
+        for lid in seq:
             ln = lanes[lid]
-            k0 = int(np.ceil(veh.s)) if n == 0 else 0
-            k1 = min(len(ln.dense_s), int(np.ceil(self.p.lookahead - base)))
-            if k1 > k0:
-                out_s.append(ln.dense_s[k0:k1] + base)
-                out_xy.append(ln.dense_xy[k0:k1])
-                out_v.append(ln.dense_speed[k0:k1])
+            lo, hi = -behind - base, self.p.lookahead - base
+            if hi > 0 and lo < ln.length:
+                k0 = max(0, int(np.ceil(lo)))
+                k1 = min(len(ln.dense_s), int(np.ceil(hi)))
+                if k1 > k0:
+                    out_s.append(ln.dense_s[k0:k1] + base)
+                    out_xy.append(ln.dense_xy[k0:k1])
+                    out_v.append(ln.dense_speed[k0:k1])
             base += ln.length
             if base >= self.p.lookahead:
                 break
         if not out_s:
             return np.zeros(0), np.zeros((0, 2)), np.zeros(0)
         return np.concatenate(out_s), np.concatenate(out_xy), np.concatenate(out_v)
+
+    @staticmethod
+    def half_wheelbase(length: float) -> float:
+        """Distance from the body centre to each axle, m (both axles ride on the path)."""
+        return max(0.3 * float(length), 0.5 * float(length) - 1.3)
 
     # ------------------------------------------------------------------ stepping
     def _arrays(self):
@@ -175,61 +196,11 @@ class Traffic:
                 np.array([o.size[0] for o in v]), np.array([o.size[1] for o in v]),
                 np.array([o.v for o in v]))
 
-    def _bodies(self, x, y, yaw, length, width):
-        """Points along every vehicle's length axis: xy (P, 2), owner (P,), radius (P,)."""
-        n = np.maximum(2, np.ceil(length / 1.5).astype(int) + 1)
-        owner = np.repeat(np.arange(len(x)), n)
-        k = np.arange(owner.size) - np.repeat(np.cumsum(n) - n, n)
-        half = (length - width)[owner] / 2
-        t = -half + k * (2 * half / (n[owner] - 1))
-        xy = np.c_[x[owner] + t * np.cos(yaw[owner]), y[owner] + t * np.sin(yaw[owner])]
-        return xy, owner, width[owner] / 2
-
     def _leaders(self, movers, paths, arrays):
-        """For each moving vehicle index: (distance its centre can still advance
-        along its path before its body -- swept along the path -- would touch
-        another vehicle's current body, that vehicle's speed along the path);
-        (inf, 0) when the look-ahead is clear."""
+        """Gap and leader speed for each moving vehicle (see :mod:`following`)."""
         x, y, yaw, length, width, speed = arrays
-        bxy, bown, brad = self._bodies(x, y, yaw, length, width)
-        out = {i: (np.inf, 0.0) for i in movers}
-        qxy, qown, qs, qhead = [], [], [], []
-        for i in movers:
-            s, xy, _ = paths[i]
-            keep = s >= 0.5
-            s, xy = s[keep], xy[keep]
-            if len(s) < 2:
-                continue
-            d = np.gradient(xy, axis=0)
-            head = np.arctan2(d[:, 1], d[:, 0])
-            half = (length[i] - width[i]) / 2
-            t = np.linspace(-half, half, max(2, int(np.ceil(length[i] / 1.5)) + 1))
-            pts = xy[:, None, :] + t[None, :, None] * np.stack([np.cos(head), np.sin(head)], -1)[:, None, :]
-            qxy.append(pts.reshape(-1, 2))
-            qown.append(np.full(pts.shape[0] * pts.shape[1], i))
-            qs.append(np.repeat(s, len(t)))
-            qhead.append(np.repeat(head, len(t)))
-        if not qxy:
-            return out
-        qxy, qown, qs, qhead = (np.concatenate(v) for v in (qxy, qown, qs, qhead))
-        max_reach = width.max() + self.p.lateral_margin
-        dist, idx = cKDTree(bxy).query(qxy, k=min(8, len(bxy)), distance_upper_bound=max_reach)
-        dist, idx = dist.reshape(len(qxy), -1), idx.reshape(len(qxy), -1)
-        valid = idx < len(bxy)
-        idx = np.where(valid, idx, 0)
-        reach = width[qown][:, None] / 2 + brad[idx] + self.p.lateral_margin
-        hit = valid & (dist < reach) & (bown[idx] != qown[:, None])          # (Q, k)
-        rows = np.nonzero(hit.any(axis=1))[0]
-        if not len(rows):
-            return out
-        order = np.lexsort((qs[rows], qown[rows]))                           # by owner, then path s
-        rows = rows[order]
-        owners, first = np.unique(qown[rows], return_index=True)
-        for i, r in zip(owners, rows[first]):
-            j = bown[idx[r, np.argmax(hit[r])]]
-            rel = float(speed[j] * max(0.0, np.cos(yaw[j] - qhead[r])))
-            out[int(i)] = (max(0.0, float(qs[r]) - 1.0), rel)
-        return out
+        return first_obstacles(movers, paths, x, y, yaw, length, width, speed,
+                               [self.half_wheelbase(float(L)) for L in length], self.p.lateral_margin)
 
     def _idm(self, veh: Vehicle, v0: float, gap: float, v_lead: float, s0: float) -> float:
         p = self.p
@@ -265,35 +236,53 @@ class Traffic:
                 if dist > self.p.lookahead:
                     break
         stops = {}
-        for dist, i, jid, lid in sorted(requests.values()):
+        # fairness: a request refused for long acts as a phantom occupant, so no
+        # new conflicting grant (none at all, for a long vehicle) overtakes it
+        phantoms: Dict[int, Dict[int, int]] = {}
+        def priority(req):
+            wait = self._waiting.get(self.vehicles[req[1]].vid, 0.0)
+            return (0, -wait) if wait > self.p.starvation_s else (1, req[0])
+        order = sorted(requests.values(), key=priority)
+        for dist, i, jid, lid in order:
             veh = self.vehicles[i]
             occ = self._occupants[jid]
+            held = {**occ, **phantoms.get(jid, {})}
             conflicts = self.net.junctions[jid].conflicts[lid]
             exit_lane = lanes[lid].successors[0]
-            busy_exit = any(lanes[c].successors[0] == exit_lane for c in occ.values() if c != lid)
+            busy_exit = any(lanes[c].successors[0] == exit_lane for c in held.values() if c != lid)
             room = rear.get(exit_lane, np.inf) > veh.size[0] + 4.0
             committed = dist - veh.size[0] / 2 < 0.5  # already over the line: let it clear the box
             # long vehicles sweep wide when turning: they use a junction alone
-            long_inside = any(self._long[v] for v in occ)
-            alone = not occ if veh.size[0] > self.p.long_vehicle else not long_inside
-            if committed or (room and alone and not busy_exit and not any(c in conflicts for c in occ.values())):
+            is_long = veh.size[0] > self.p.long_vehicle
+            alone = not held if is_long else not any(self._long.get(v, False) for v in held)
+            if committed or (room and alone and not busy_exit and not any(c in conflicts for c in held.values())):
                 occ[veh.vid] = lid
-                self._long[veh.vid] = veh.size[0] > self.p.long_vehicle
+                self._long[veh.vid] = is_long
                 veh.grant = (jid, lid)
+                self._waiting.pop(veh.vid, None)
             else:
                 stops[i] = dist
+                self._waiting[veh.vid] = self._waiting.get(veh.vid, 0.0) + self._dt
+                # refused for a full exit lane, it waits longer before holding others back
+                if self._waiting[veh.vid] > self.p.starvation_s * (1.0 if room else 2.0):
+                    phantoms.setdefault(jid, {})[veh.vid] = lid
+                    self._long[veh.vid] = is_long
         return stops
 
     def step(self, dt: float = 0.05) -> None:
         """Advance all moving vehicles by ``dt`` seconds."""
         movers = [i for i, v in enumerate(self.vehicles) if not v.parked]
-        paths = {i: self._path(self.vehicles[i]) for i in movers}
+        paths = {i: self._path(self.vehicles[i], behind=self.half_wheelbase(self.vehicles[i].size[0]) + 1.0)
+                 for i in movers}
+        self._dt = dt
         stops = self._junction_requests()
         leaders = self._leaders(movers, paths, self._arrays())
         acc = {}
         for i in movers:
             veh = self.vehicles[i]
             ps, _, pv = paths[i]
+            pv = pv[ps >= 0]
+            ps = ps[ps >= 0]
             if len(ps):
                 reach = np.sqrt(pv ** 2 + 2 * self.p.comfort_decel * np.maximum(ps, 0.0))
                 v0 = min(veh.desired * float(pv[0]), float(reach.min()))
@@ -314,7 +303,7 @@ class Traffic:
         veh.s += veh.v * dt
         while veh.s > lanes[veh.route[0]].length:
             veh.s -= lanes[veh.route[0]].length
-            veh.route.pop(0)
+            veh.history = (veh.history + [veh.route.pop(0)])[-3:]
         if veh.grant is not None:
             jid, lid = veh.grant
             if lid not in veh.route and veh.s - veh.size[0] / 2 > 0.5:
@@ -324,18 +313,26 @@ class Traffic:
         self._place(veh)
 
     def _place(self, veh: Vehicle) -> None:
-        """Pose from the route: centre at s, heading from a centred difference
-        (smooth through lane joints)."""
-        veh.x, veh.y = self._route_point(veh, veh.s)
-        ax, ay = self._route_point(veh, veh.s + 0.75)
-        bx, by = self._route_point(veh, veh.s - 0.75)
-        veh.yaw = float(np.arctan2(ay - by, ax - bx))
+        """Pose from the route: both axles (centre -/+ half wheelbase) on the path,
+        body centre between them, heading along them -- long vehicles cut inside
+        a turn instead of swinging out."""
+        a = self.half_wheelbase(veh.size[0])
+        rx, ry = self._route_point(veh, veh.s - a)
+        fx, fy = self._route_point(veh, veh.s + a)
+        veh.x, veh.y = (rx + fx) / 2, (ry + fy) / 2
+        veh.yaw = float(np.arctan2(fy - ry, fx - rx))
 
     def _route_point(self, veh: Vehicle, s: float) -> Tuple[float, float]:
+        """Point at arclength ``s`` of ``route[0]``; negative ``s`` walks back
+        through ``history`` (and straight back beyond it)."""
         lanes = self.net.lanes
         if s < 0:
-            x, y = lanes[veh.route[0]].point(0.0)
-            return x + s * np.cos(veh.yaw), y + s * np.sin(veh.yaw)
+            for lid in reversed(veh.history):
+                s += lanes[lid].length
+                if s >= 0:
+                    return lanes[lid].point(s)
+            (x, y), h = lanes[(veh.history or veh.route)[0]].sample(0.0)
+            return x + s * np.cos(h), y + s * np.sin(h)
         for lid in veh.route:
             if s <= lanes[lid].length:
                 return lanes[lid].point(s)
