@@ -176,3 +176,12 @@ def test_generation_follows_a_shifted_message():
         torch.manual_seed(1)
         ref_order = link.generate(msg_sender, T, ego, ["m1"])
     assert (ref_order[..., :, 8:-8] - ref[..., :, 8:-8]).abs().max() > 1e-3
+
+
+def test_random_ego_is_a_vehicle():
+    model = CooperativeDetector({"m1": PP}, RANGE)
+    ds = _dataset(model, "all", train=True, random_ego=True)
+    frame = ds.reader[0]
+    frame.agents[1].agent_id = -1  # make the middle agent a roadside unit
+    egos = {ds.select_agents(frame, np.random.default_rng(k))[0].agent_id for k in range(40)}
+    assert egos == {10, 30}

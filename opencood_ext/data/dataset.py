@@ -4,7 +4,7 @@
 turns each Frame into a :class:`Sample`:
 
 * the ego is the first agent after sorting (vehicles by id, then RSUs); with
-  ``random_ego`` (training) any agent may be ego;
+  ``random_ego`` (training) any vehicle may be ego;
 * collaborators are the agents within ``comm_range`` metres of the ego whose
   type is in ``agent_types`` (the alliance), at most ``max_agents`` in all;
 * each agent is preprocessed by its TYPE: LiDAR types pick their beam variant
@@ -195,7 +195,13 @@ class CooperativeDataset(Dataset):
             raise ValueError(f"{frame.source or frame.scenario}/{frame.timestamp}: no agent of the "
                              f"alliance types {sorted(self.cfg.agent_types)}; agent types here are "
                              f"{sorted({a.agent_type for a in frame.agents})}")
-        ego = members[int(rng.integers(len(members)))] if (self.train and self.cfg.random_ego) else members[0]
+        if self.train and self.cfg.random_ego:
+            # any VEHICLE may be ego; a roadside unit's LiDAR sits metres higher, so the z range and
+            # anchors of a vehicle ego do not fit it (the evaluation ego is always a vehicle)
+            vehicles = [a for a in members if not a.is_rsu] or members
+            ego = vehicles[int(rng.integers(len(vehicles)))]
+        else:
+            ego = members[0]
         if self.cooperation in ("ego_only",):
             return [ego]
         ego_xy = ego.T_world_from_lidar[:2, 3]
