@@ -17,7 +17,6 @@ Weights come from:
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from .experiment import ExperimentConfig, build_model, load_experiment
 from .runs import checkpoint_of
 from .training.checkpoint import load_model_state
 from .training.freeze import FreezePolicy
+from .training.runlog import training_wall_time as stage1_wall_time  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -118,16 +118,3 @@ def build_onboarding_model(plan: OnboardPlan):
         load_model_state(model, checkpoint_of(run), prefix_map=prefixes, strict=True)
     policy = FreezePolicy([f"link.dme.{t}" for t in plan.new_types], freeze_batchnorm_stats=True)
     return model, policy
-
-
-def stage1_wall_time(run: Path) -> float:
-    """Seconds the stage-1 run spent training (sum of its epochs' ``time_s``)."""
-    total = 0.0
-    log_path = Path(run) / "train_log.jsonl"
-    if not log_path.exists():
-        return float("nan")
-    for line in log_path.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("kind") == "epoch":
-            total += float(rec.get("time_s", 0.0))
-    return total

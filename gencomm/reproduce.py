@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .training.runlog import training_wall_time
+
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger(__name__)
 
@@ -78,18 +80,7 @@ def train(config: str, run: Path, data: Path, profile: Profile) -> float:
     """Train (or resume, or skip when done); returns the run's training wall time (s)."""
     _run([sys.executable, "tools/train.py", "-y", config, "--model_dir", str(run),
           *_sets([f"data.root={data}", *profile.overrides])])
-    return _wall_time(run)
-
-
-def _wall_time(run: Path) -> float:
-    total = 0.0
-    log_path = run / "train_log.jsonl"
-    if log_path.exists():
-        for line in log_path.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("kind") == "epoch":
-                total += float(rec.get("time_s", 0.0))
-    return total
+    return training_wall_time(run)
 
 
 def evaluate_run(run: Path, fusion: str, profile: Profile, label: str) -> dict:

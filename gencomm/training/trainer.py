@@ -60,6 +60,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+from .runlog import RunLog
+
 from . import distributed as D
 from .checkpoint import (CheckpointError, CheckpointPaths, capture_rng_state, load_checkpoint,
                          restore_rng_state, save_checkpoint, seed_everything)
@@ -183,28 +185,6 @@ def _seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
-class _RunLog:
-    """Rank-0 logging: tensorboard scalars and train_log.jsonl."""
-
-    def __init__(self, run_dir: Path, purge_step: Optional[int]):
-        from torch.utils.tensorboard import SummaryWriter
-        self.tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge_step)
-        self.jsonl = open(run_dir / "train_log.jsonl", "a")
-
-    def record(self, kind: str, data: dict, step: Optional[int] = None, tb_prefix: Optional[str] = None):
-        self.jsonl.write(json.dumps({"kind": kind, **data}) + "\n")
-        self.jsonl.flush()
-        if tb_prefix is not None:
-            for k, v in data.items():
-                if isinstance(v, float) and k not in ("epoch", "global_step", "step"):
-                    self.tb.add_scalar(f"{tb_prefix}/{k}", v, step)
-            self.tb.flush()
-
-    def close(self):
-        self.tb.close()
-        self.jsonl.close()
-
-
 class Trainer:
     """Trains ``model`` on ``train_set``; see the module docstring for the contract.
 
@@ -237,7 +217,7 @@ class Trainer:
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.best_val: Optional[float] = None
         self.history: List[dict] = []
-        self._log: Optional[_RunLog] = None
+        self._log: Optional[RunLog] = None
         if self.steps_per_epoch() == 0:
             raise ValueError(f"Trainer: {len(train_set)} train samples over {self.dist.world_size} process(es) "
                              f"make no full batch of {config.batch_size} (drop_last=True)")
@@ -402,7 +382,7 @@ class Trainer:
             seed_everything(cfg.seed + self.dist.rank)
         if self.dist.is_main:
             self.paths.dir.mkdir(parents=True, exist_ok=True)
-            self._log = _RunLog(self.run_dir, purge_step=self.global_step + 1 if resumed else None)
+            self._log = RunLog(self.run_dir, purge_step=self.global_step + 1 if resumed else None)
             if resumed:
                 self._log.record("resume", {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
                                             "global_step": self.global_step})
