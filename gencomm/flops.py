@@ -50,7 +50,7 @@ class FlopReport:
 
 def _layer_macs(mod: nn.Module, args: tuple, out: Any) -> int:
     if isinstance(mod, DeformConv2d):
-        x, offset = args[0], args[1]
+        x = args[0]  # args: (input, offset[, mask])
         mask = args[2] if len(args) > 2 else None
         kk = mod.kernel_size[0] * mod.kernel_size[1]
         samples = x.shape[0] * x.shape[1] * kk * out.shape[2] * out.shape[3]

@@ -28,7 +28,6 @@ from .experiment import ExperimentConfig, build_model, load_experiment
 from .runs import checkpoint_of
 from .training.checkpoint import load_model_state
 from .training.freeze import FreezePolicy
-from .training.runlog import training_wall_time as stage1_wall_time  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 

@@ -3,14 +3,12 @@ here) and recording from both backends into the same OPV2V-H layout."""
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import carla
 import pytest
 import torch
 
 from opencood_ext.data.formats import OPV2VReader
-from gencomm.cosim.world import CameraSpec, LidarSpec
 from tiny_runs import GENCOMM, PP, tiny_config, tiny_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

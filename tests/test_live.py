@@ -1,5 +1,4 @@
 """The live cooperation loop: wire, channel effects and fusion tick by tick."""
-import numpy as np
 import pytest
 import torch
 

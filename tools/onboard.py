@@ -35,7 +35,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from opencood_ext.config import ConfigError, dump_config
     from gencomm.experiment import build_dataset, collate
-    from gencomm.onboarding import build_onboarding_model, plan_onboarding, stage1_wall_time
+    from gencomm.onboarding import build_onboarding_model, plan_onboarding
+    from gencomm.training.runlog import training_wall_time
     from gencomm.training import distributed as D
     from gencomm.training.trainer import Trainer
 
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
     result = trainer.fit()
     if D.is_main_process():
         per_type = {t: summary.per_prefix[f"link.dme.{t}"] for t in plan.new_types}
-        stage1 = {t: stage1_wall_time(r) for t, r in {plan.ego_type: plan.ego_run, **plan.new_runs}.items()}
+        stage1 = {t: training_wall_time(r) for t, r in {plan.ego_type: plan.ego_run, **plan.new_runs}.items()}
         report = {"ego_type": plan.ego_type, "new_types": plan.new_types,
                   "trainable_params_per_new_type": per_type, "trainable_params_total": summary.trainable,
                   "frozen_params": summary.frozen, "frozen_batchnorm_layers": len(summary.frozen_batchnorms),

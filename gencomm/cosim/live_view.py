@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 from typing import List, Optional
 
-import numpy as np
 
 from opencood_ext.geometry import relative_transform, transform_points
 from opencood_ext.viz import plot_bev

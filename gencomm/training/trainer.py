@@ -43,7 +43,6 @@ process group's timeout).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import random
