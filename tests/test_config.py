@@ -108,3 +108,9 @@ def test_circular_base_and_missing_file(tmp_path):
         load_config(tmp_path / "a.yaml", Schema)
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml", Schema)
+
+
+def test_duplicate_keys_are_refused(tmp_path):
+    p = _write(tmp_path, "dup.yaml", "name: x\ntrain: {epochs: 2}\ntrain: {batch_size: 3}\n")
+    with pytest.raises(ConfigError, match="duplicate key 'train'"):
+        load_config(p, Schema)
