@@ -85,3 +85,16 @@ def test_text_output_and_errors_in_process(tmp_path, capsys):
     assert "split 'train' not found" in err and "['test']" in err
     assert tool.main([str(root), "--format", "opv2v", "--split", "test", "--frame", "5"]) == 2
     assert "out of range" in capsys.readouterr().err
+
+
+def test_modality_json_next_to_the_data_names_the_types(tmp_path):
+    from opencood_ext.data.formats import write_modality_json, write_opv2v_frame
+    from synthetic import make_frame
+    frame = make_frame(seed=0, scenario="scn", timestamp="000001")
+    write_opv2v_frame(tmp_path, "train", frame, write_cameras=False)
+    write_modality_json(tmp_path / "modality_assignment.json", {"scn": {"10": "m1", "20": "m3", "30": "m2"}})
+    tool = Path(__file__).resolve().parents[1] / "tools" / "inspect_data.py"
+    out = subprocess.run([sys.executable, str(tool), str(tmp_path), "--format", "opv2v", "--split", "train", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    types = [a["type"] for a in json.loads(out)["frame"]["agents"]]
+    assert types == ["m1", "m3", "m2"]

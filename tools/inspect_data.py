@@ -114,10 +114,18 @@ def main(argv=None) -> int:
     p.add_argument("--split", default=None)
     p.add_argument("--frame", type=int, default=0)
     p.add_argument("--mode", default=None, help="V2X-Real mode: vc, ic, v2v, i2i")
+    p.add_argument("--modality", default=None,
+                   help="OPV2V: agent-type assignment, 'in_order' or a JSON path (default: ROOT/"
+                        "modality_assignment.json when present)")
     p.add_argument("--json", action="store_true", help="print JSON on stdout")
     p.add_argument("--plot", type=Path, default=None, help="write a BEV PNG here")
     args = p.parse_args(argv)
     kw = {"mode": args.mode} if args.mode and args.format == "v2xreal" else {}
+    if args.format == "opv2v":
+        default_json = args.root / "modality_assignment.json"
+        modality = args.modality or (str(default_json) if default_json.exists() else None)
+        if modality:
+            kw["modality"] = modality
     try:
         reader = get_reader(args.format, args.root, args.split, **kw)
         info, frame = summarise(reader, args.frame)
