@@ -185,3 +185,25 @@ def test_random_ego_is_a_vehicle():
     frame.agents[1].agent_id = -1  # make the middle agent a roadside unit
     egos = {ds.select_agents(frame, np.random.default_rng(k))[0].agent_id for k in range(40)}
     assert egos == {10, 30}
+
+
+def test_roadside_unit_points_use_a_virtual_lidar_at_ego_height():
+    """An RSU's points are voxelised in a frame moved down to the ego LiDAR's height;
+    with its pose adjusted, every point still lands where it is in the ego frame."""
+    from opencood_ext.geometry import pose_to_matrix
+    model = CooperativeDetector({"m1": PP}, RANGE)
+    ds = _dataset(model, "all")
+    frame = ds.reader[1]
+    rsu = frame.agents[2]
+    rsu.agent_id = -1
+    world_pts = transform_points(rsu.T_world_from_lidar, rsu.lidar)
+    rsu.T_world_from_lidar = pose_to_matrix([20.0, 3.0, 6.0, 0.0, 30.0, 0.0])  # a pole-mounted LiDAR, 6 m up
+    rsu.lidar = transform_points(np.linalg.inv(rsu.T_world_from_lidar), world_pts).astype(np.float32)
+    ego = frame.agents[0]
+    T = ego.T_world_from_lidar
+    pts, T_virtual = ds._virtual_lidar(rsu.lidar, np.linalg.inv(T) @ rsu.T_world_from_lidar, rsu, ego)
+    np.testing.assert_allclose(transform_points(T_virtual, pts)[:, :3],
+                               transform_points(np.linalg.inv(T), world_pts)[:, :3], atol=1e-3)
+    # ground points (world z ~ 0) now sit about the ego's LiDAR height below the virtual sensor
+    ground = world_pts[:, 2] < 0.05
+    assert abs(np.median(pts[ground, 2]) + T[2, 3]) < 0.2

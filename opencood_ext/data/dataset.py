@@ -218,6 +218,19 @@ class CooperativeDataset(Dataset):
                              f"(OPV2V-H '_{beams}.pcd'), which this dataset does not have")
         return agent.lidar_beams[beams]
 
+    @staticmethod
+    def _virtual_lidar(pts: np.ndarray, T_ego_from_lidar: np.ndarray, rsu: AgentObs, ego: AgentObs):
+        """A roadside LiDAR sits metres above a vehicle's, so the z range of ``lidar_range`` would
+        cut its ground and cars away. Express its points in a virtual sensor frame moved down to the
+        ego LiDAR's height (same x, y, axes); ``T_ego_from_agent`` follows, so geometry is unchanged."""
+        dz = float(rsu.T_world_from_lidar[2, 3] - ego.T_world_from_lidar[2, 3])
+        if abs(dz) < 0.5:
+            return pts, T_ego_from_lidar
+        up = rsu.T_world_from_lidar[:3, :3].T @ np.array([0.0, 0.0, dz])  # world offset in the lidar's axes
+        S = np.eye(4)
+        S[:3, 3] = up  # p_virtual = p_lidar + up: the virtual sensor sits dz lower
+        return transform_points(S, pts), T_ego_from_lidar @ invert_transform(S)
+
     def _camera_input(self, agent: AgentObs, spec: AgentTypeData, out: AgentInput) -> None:
         cams = [c for c in agent.cameras if c.image is not None]
         if not cams:
@@ -286,6 +299,8 @@ class CooperativeDataset(Dataset):
                 if a is ego and pts is not None and not np.allclose(T, np.eye(4)):
                     # move the ego's own points into the augmented frame so its feature needs no warp
                     pts, T = transform_points(T, pts), np.eye(4)
+                elif pts is not None and a.is_rsu and a is not ego:
+                    pts, T = self._virtual_lidar(pts, T, a, ego)
                 item = AgentInput(a.agent_id, t, T.astype(np.float32))
                 if pts is not None:
                     item.voxels = self.voxelizers[t](pts)
