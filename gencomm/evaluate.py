@@ -20,8 +20,7 @@ from tqdm import tqdm
 
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.eval.ap import APAccumulator, format_ap_table
-from opencood_ext.geometry import relative_transform, transform_points
-from opencood_ext.viz import plot_bev
+from opencood_ext.viz import plot_agents_bev
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +66,8 @@ class EvalResult:
 def _plot_frame(dataset, index: int, dets, gt_boxes, path: Path, title: str) -> None:
     frame = dataset.read_frame(index)
     agents = dataset.select_agents(frame, np.random.default_rng(0))
-    ego = agents[0]
-    pts = [transform_points(relative_transform(ego.T_world_from_lidar, a.T_world_from_lidar), a.lidar)
-           for a in agents]
-    pos = [relative_transform(ego.T_world_from_lidar, a.T_world_from_lidar)[:2, 3] for a in agents]
-    plot_bev(path, pts, gt_boxes=gt_boxes, pred_boxes=dets, lidar_range=dataset.cfg.lidar_range, title=title,
-             agent_labels=[f"{a.agent_id} ({a.agent_type})" for a in agents], agent_positions=pos)
+    plot_agents_bev(path, agents, gt_boxes=gt_boxes, pred_boxes=dets, lidar_range=dataset.cfg.lidar_range,
+                    title=title)
 
 
 def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0, max_frames: Optional[int] = None,

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .geometry import boxes_to_corners  # noqa: E402
+from .geometry import boxes_to_corners, relative_transform, transform_points  # noqa: E402
 
 _AGENT_COLOURS = ["#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]
 
@@ -80,3 +80,12 @@ def plot_bev(path, points: Sequence[np.ndarray] = (), gt_boxes=None, pred_boxes=
     fig.savefig(path)
     plt.close(fig)
     return Path(path)
+
+
+def plot_agents_bev(path, agents, gt_boxes=None, pred_boxes=None, **kw):
+    """:func:`plot_bev` of AgentObs ``agents`` (ego first) in the ego's LiDAR frame:
+    each agent's points and position, labelled ``id (type)``; ``kw`` as plot_bev."""
+    T_ego = [relative_transform(agents[0].T_world_from_lidar, a.T_world_from_lidar) for a in agents]
+    return plot_bev(path, [transform_points(T, a.lidar) for T, a in zip(T_ego, agents)], gt_boxes=gt_boxes,
+                    pred_boxes=pred_boxes, agent_labels=[f"{a.agent_id} ({a.agent_type})" for a in agents],
+                    agent_positions=[T[:2, 3] for T in T_ego], **kw)

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import List, Optional
 
 
-from opencood_ext.geometry import relative_transform, transform_points
-from opencood_ext.viz import plot_bev
+from opencood_ext.viz import plot_agents_bev
 
 
 class LiveView:
@@ -28,15 +27,10 @@ class LiveView:
             self.window = plt.figure(figsize=(8, 8))
 
     def draw(self, frame, result, title: str) -> Path:
-        ego = frame.agent(result.ego_id)
-        agents = [frame.agent(i) for i in result.agent_ids]
-        pts = [transform_points(relative_transform(ego.T_world_from_lidar, a.T_world_from_lidar), a.lidar)
-               for a in agents]
-        pos = [relative_transform(ego.T_world_from_lidar, a.T_world_from_lidar)[:2, 3] for a in agents]
+        agents = [frame.agent(i) for i in result.agent_ids]  # ego first
         path = self.frames_dir / f"tick_{result.tick:05d}.png"
-        plot_bev(path, pts, gt_boxes=result.gt_boxes, pred_boxes=result.boxes, lidar_range=self.lidar_range,
-                 title=title, agent_labels=[f"{a.agent_id} ({a.agent_type})" for a in agents],
-                 agent_positions=pos, size=6.0)
+        plot_agents_bev(path, agents, gt_boxes=result.gt_boxes, pred_boxes=result.boxes,
+                        lidar_range=self.lidar_range, title=title, size=6.0)
         self.paths.append(path)
         if self.window is not None:
             import matplotlib.image as mpimg
