@@ -194,7 +194,12 @@ class GenCommLink(nn.Module):
         ego_index = batch.ego_index.to(device)
         ego = _ego_mask(n, ego_index, device)
         sample = batch.sample_index.to(device)
-        msg = self.messages(features, batch.agent_types)
+        collab = (~ego).nonzero().flatten()
+        # only collaborators send: the egos' rows stay zero (and never reach the DMEs' BatchNorm)
+        msg = features.new_zeros(n, self.message_channels, H, W)
+        if len(collab):
+            msg = msg.index_copy(0, collab, self.messages(
+                features[collab], [batch.agent_types[int(i)] for i in collab]))
         nbytes, dropped = torch.zeros(n, dtype=torch.long), []
         if not self.training:
             rows = [i for i in range(n) if not ego[i]]
@@ -206,7 +211,6 @@ class GenCommLink(nn.Module):
         ego_feat_b = warp_to_ego(features[ego_index], T[ego_index], self.lidar_range)  # (B, C, H, W)
         out = features.index_copy(0, ego_index, ego_feat_b)
         losses: Dict[str, Tensor] = {}
-        collab = (~ego).nonzero().flatten()
         if len(collab):
             receiver_of = [batch.agent_types[int(ego_index[int(sample[i])])] for i in collab]
             ego_feat = ego_feat_b[sample[collab]]  # (n_c, C, H, W) receiver's own feature, ego frame

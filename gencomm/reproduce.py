@@ -41,7 +41,9 @@ class Profile:
 
 
 PROFILES = {
-    "default": Profile(scenarios=10, frames=20),
+    # many short scenarios: 24 train / 8 validate / 8 test scenes; frames of one scene are 0.1 s apart
+    # and nearly identical, so scene count, not frame count, is what keeps the test AP from swinging
+    "default": Profile(scenarios=40, frames=6),
     "quick": Profile(scenarios=4, frames=3, onboard_epochs=1, overrides=[
         "train.epochs=1", "train.max_steps_per_epoch=2", "train.max_val_batches=1", "train.num_workers=0",
         "eval.max_frames=3", "eval.plot_every=1"]),
