@@ -42,19 +42,24 @@ def write_report(results: dict, out: Path) -> Path:
              f"total wall time {results['total_wall_s'] / 60:.1f} min on this machine.", "",
              "Ego m1 (PointPillars, 64-beam LiDAR); collaborators m3 (SECOND, 32-beam LiDAR) and other m1 "
              "agents, assigned m1, m3, m1, ... by agent id. AP on the test split; IoU on BEV rotated boxes.", "",
-             "| method | AP@0.3 | AP@0.5 | AP@0.7 | AP@0.5 / 0.7 (per-frame order) | bytes per message | "
+             "| method | AP@0.3 | AP@0.5 | AP@0.7 | AP@0.5 / 0.7 (per-frame order) | "
+             "AP@0.3 / 0.5 / 0.7, same weights, collaborators off | bytes per message | "
              "trainable params | training wall time | note |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         g, p = r["eval"]["ap"]["global"], r["eval"]["ap"]["per_frame"]
+        e = r.get("ego_only", {}).get("ap", {}).get("global")
+        solo = " / ".join(f"{e[t]:.3f}" for t in ("0.3", "0.5", "0.7")) if e else "-"
         lines.append(f"| {r['method']} | {g['0.3']:.3f} | {g['0.5']:.3f} | {g['0.7']:.3f} | "
-                     f"{p['0.5']:.3f} / {p['0.7']:.3f} | {_fmt_bytes(r['eval']['bytes_per_message'])} | "
+                     f"{p['0.5']:.3f} / {p['0.7']:.3f} | {solo} | {_fmt_bytes(r['eval']['bytes_per_message'])} | "
                      f"{r['trainable_params']:,} | {r['train_wall_s']:.0f} s | {r['note']} |")
     ob = results["onboarding"]
     s1 = results["stage1_wall_s"]
     lines += ["", "AP columns use the GLOBAL sort of all detections (HEAL's default); the per-frame order "
               "(OpenCOOD's default) is given for comparison. Bytes are the encoded packets one collaborator "
-              "sends per frame (header included), averaged over collaborators.", "",
+              "sends per frame (header included), averaged over collaborators. \"Collaborators off\" runs the "
+              "same trained weights on the ego's input alone: the difference to the AP columns is what "
+              "cooperation adds, free of the run-to-run training noise that separates two methods' rows.", "",
               "## Onboarding m3 (stage 2) against stage 1", "",
               f"- trainable parameters: {ob['trainable_params_per_new_type']} (m3's message extractor only); "
               f"{ob['frozen_params']:,} parameters and {ob['frozen_batchnorm_layers']} BatchNorm layers frozen",

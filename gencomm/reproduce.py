@@ -91,6 +91,12 @@ def evaluate_run(run: Path, fusion: str, profile: Profile, label: str) -> dict:
     return json.loads((run / f"eval_{'none' if fusion == 'no' else fusion}.json").read_text())
 
 
+def ego_only(run: Path, fusion: str, res: dict, profile: Profile) -> dict:
+    """The same weights with the collaborators switched off (fusion 'none'): a paired measure of
+    what cooperation adds that training noise between runs cannot blur."""
+    return res if fusion == "none" else evaluate_run(run, "none", profile, "ego only")
+
+
 def count_trainable(run: Path) -> int:
     from .runs import load_run
     _, model = load_run(run)
@@ -109,7 +115,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
         wall = train(config, run, data, profile)
         res = evaluate_run(run, fusion, profile, method)
         rows.append({"method": method, "run": str(run), "eval": res, "train_wall_s": wall,
-                     "trainable_params": count_trainable(run), "note": "retrained end to end"})
+                     "trainable_params": count_trainable(run), "note": "retrained end to end",
+                     "ego_only": ego_only(run, fusion, res, profile)})
     stage1 = {}
     for t, config in STAGE1.items():
         run = runs / Path(config).stem
@@ -123,6 +130,7 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     onboarding = json.loads((onboard_run / "onboarding.json").read_text())
     res = evaluate_run(onboard_run, "intermediate", profile, "GenComm")
     rows.append({"method": "GenComm (m3 onboarded)", "run": str(onboard_run), "eval": res,
+                 "ego_only": ego_only(onboard_run, "intermediate", res, profile),
                  "train_wall_s": onboarding["onboarding_wall_time_s"],
                  "trainable_params": onboarding["trainable_params_total"],
                  "note": f"stage 2 only; stage 1: m1 {stage1['m1']['wall']:.0f} s, m3 {stage1['m3']['wall']:.0f} s"})

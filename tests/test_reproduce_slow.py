@@ -26,6 +26,7 @@ def test_quick_reproduction_end_to_end(tmp_path):
     full = rows["Intermediate (full feature)"]
     assert 0 < gen["eval"]["bytes_per_message"] * 64 <= full["eval"]["bytes_per_message"] * 1.01
     assert results["onboarding"]["trainable_params_per_new_type"]["m3"] == gen["trainable_params"]
+    assert gen["ego_only"]["bytes_per_message"] == 0 and gen["ego_only"]["fusion"] == "none"
     # a second run finds everything done and only re-evaluates
     again = subprocess.run([sys.executable, "tools/reproduce.py", "--quick", "--out", str(out), "--data", str(data)],
                            cwd=ROOT, capture_output=True, text=True, timeout=3600)

@@ -1,0 +1,32 @@
+"""REPORT.md from a results dict: every row, the paired 'collaborators off' column, the plot."""
+from gencomm.report import write_report
+
+
+def _eval(ap5, nbytes):
+    aps = {"0.3": ap5 + 0.1, "0.5": ap5, "0.7": ap5 / 2}
+    return {"ap": {"global": aps, "per_frame": aps}, "bytes_per_message": nbytes}
+
+
+def test_report_lists_rows_and_ego_only_column(tmp_path):
+    rows = [
+        {"method": "No fusion", "eval": _eval(0.5, 0), "ego_only": _eval(0.5, 0),
+         "train_wall_s": 10, "trainable_params": 100, "note": "n"},
+        {"method": "GenComm (m3 onboarded)", "eval": _eval(0.6, 141004), "ego_only": _eval(0.4, 0),
+         "train_wall_s": 5, "trainable_params": 103156, "note": "stage 2 only"},
+        {"method": "Old run without the paired column", "eval": _eval(0.55, 10),
+         "train_wall_s": 5, "trainable_params": 1, "note": ""},
+    ]
+    results = {"profile": "default", "seed": 0, "data": "data/sim", "rows": rows, "total_wall_s": 120,
+               "onboarding": {"trainable_params_per_new_type": {"m3": 103156}, "frozen_params": 5,
+                              "frozen_batchnorm_layers": 2, "onboarding_wall_time_s": 5},
+               "stage1_wall_s": {"m1": 50, "m3": 60}}
+    report = write_report(results, tmp_path).read_text()
+    lines = [ln for ln in report.splitlines() if ln.startswith("| GenComm")]
+    assert len(lines) == 1
+    cells = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert cells[1:4] == ["0.700", "0.600", "0.300"]
+    assert cells[5] == "0.500 / 0.400 / 0.200"          # same weights, collaborators off
+    assert cells[6].startswith("141,004 (2^17.1)")
+    assert "| Old run without the paired column |" in report and "| - |" in report
+    assert "onboarding 5 s vs stage 1 m1 50 s, m3 60 s" in report
+    assert (tmp_path / "ap_vs_bytes.png").stat().st_size > 1000
