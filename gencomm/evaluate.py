@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.eval.ap import APAccumulator, format_ap_table
+from opencood_ext.eval.visibility import VisibilityRecall, visibility_groups
 from opencood_ext.viz import plot_agents_bev
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class EvalResult:
     num_pred: int
     collaborators_per_frame: float
     images: List[str] = field(default_factory=list)
+    recall_by_visibility: Optional[Dict[str, dict]] = None
 
     @property
     def log2_bytes(self) -> float:
@@ -54,6 +56,10 @@ class EvalResult:
         rows.append(f"bytes per message: {self.bytes_per_message:.0f} (log2 {self.log2_bytes:.2f}), "
                     f"{self.collaborators_per_frame:.2f} collaborators/frame, "
                     f"{self.seconds_per_frame * 1000:.0f} ms/frame")
+        if self.recall_by_visibility:
+            rows.append("recall@0.5 by who sees the object (>= 5 LiDAR points): " + ", ".join(
+                f"{g} {v['recall']:.3f} of {v['gt']}" if v["recall"] is not None else f"{g} - of 0"
+                for g, v in self.recall_by_visibility.items()))
         return "\n".join(rows)
 
     def to_json(self) -> dict:
@@ -72,8 +78,13 @@ def _plot_frame(dataset, index: int, dets, gt_boxes, path: Path, title: str) -> 
 
 def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0, max_frames: Optional[int] = None,
              label: str = "", progress: bool = True) -> EvalResult:
-    """Run ``model.predict`` over ``dataset`` one frame at a time (ego = first agent)."""
+    """Run ``model.predict`` over ``dataset`` one frame at a time (ego = first agent).
+
+    Besides AP, recall at IoU 0.5 is split by who sees each GT object: the ego, only a
+    collaborator, nobody (:mod:`opencood_ext.eval.visibility`), for every fusion method alike."""
     model.eval()
+    vis = VisibilityRecall(0.5)
+    vis_defined = True
     device = next(model.parameters()).device
     acc = APAccumulator()
     sent: List[int] = []
@@ -90,6 +101,11 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         d = dets[0]
         gt = batch.gt_boxes[0].cpu()
         acc.add(d.boxes.cpu(), d.scores.cpu(), gt)
+        if vis_defined:
+            groups = visibility_groups(dataset, i, gt.numpy())
+            vis_defined = groups is not None
+            if vis_defined:
+                vis.add(groups, d.boxes.cpu().numpy(), d.scores.cpu().numpy(), gt.numpy())
         if model.fusion == "early":
             sent.extend(batch.early_sent_bytes[0])
             collaborators += len(batch.early_sent_bytes[0])
@@ -111,7 +127,8 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         ap={order: dict(r.ap) for order, r in (("global", res["global"]), ("per_frame", res["per_frame"]))},
         bytes_per_message=float(np.mean(sent)) if sent else 0.0, frames=n,
         seconds_per_frame=elapsed / max(n, 1), num_gt=res["global"].num_gt, num_pred=res["global"].num_pred,
-        collaborators_per_frame=collaborators / max(n, 1), images=images)
+        collaborators_per_frame=collaborators / max(n, 1), images=images,
+        recall_by_visibility=vis.summary() if vis_defined else None)
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -188,8 +188,13 @@ class CooperativeDataset(Dataset):
                 a.agent_type = self.forced_types[k % len(self.forced_types)]
         return frame
 
-    def select_agents(self, frame: Frame, rng: np.random.Generator) -> List[AgentObs]:
-        """Ego first, then collaborators in range and in the alliance (sorted order)."""
+    def select_agents(self, frame: Frame, rng: np.random.Generator,
+                      with_collaborators: Optional[bool] = None) -> List[AgentObs]:
+        """Ego first, then collaborators in range and in the alliance (sorted order).
+
+        with_collaborators: None follows ``cooperation`` ('ego_only' -> just the ego);
+        True lists the collaborators even for an ego-only dataset (evaluation uses it to
+        tell which objects only a collaborator sees)."""
         members = [a for a in frame.agents if a.agent_type in self.cfg.agent_types]
         if not members:
             raise ValueError(f"{frame.source or frame.scenario}/{frame.timestamp}: no agent of the "
@@ -202,7 +207,9 @@ class CooperativeDataset(Dataset):
             ego = vehicles[int(rng.integers(len(vehicles)))]
         else:
             ego = members[0]
-        if self.cooperation in ("ego_only",):
+        if with_collaborators is None:
+            with_collaborators = self.cooperation != "ego_only"
+        if not with_collaborators:
             return [ego]
         ego_xy = ego.T_world_from_lidar[:2, 3]
         others = [a for a in members if a is not ego
@@ -210,7 +217,8 @@ class CooperativeDataset(Dataset):
         return [ego] + others[: max(self.cfg.max_agents - 1, 0)]
 
     # ------------------------------------------------------------------ per type
-    def _points(self, agent: AgentObs, beams: int) -> np.ndarray:
+    def lidar_points(self, agent: AgentObs, beams: int) -> np.ndarray:
+        """The agent's scan with ``beams`` rings (N, 4) in its own LiDAR frame."""
         if beams == 64:
             return agent.lidar
         if beams not in agent.lidar_beams:
@@ -281,7 +289,7 @@ class CooperativeDataset(Dataset):
                 if spec.sensor != "lidar":
                     continue
                 T = T_augego_from_world @ a.T_world_from_lidar
-                merged.append(transform_points(T, self._points(a, spec.lidar_beams)))
+                merged.append(transform_points(T, self.lidar_points(a, spec.lidar_beams)))
                 if a is not ego:
                     sent.append(int(merged[-1].nbytes))
             ego_type = ego.agent_type
@@ -295,7 +303,7 @@ class CooperativeDataset(Dataset):
                 t = a.agent_type
                 spec = self.cfg.agent_types[t]
                 T = T_augego_from_world @ a.T_world_from_lidar
-                pts = self._points(a, spec.lidar_beams) if spec.sensor == "lidar" else None
+                pts = self.lidar_points(a, spec.lidar_beams) if spec.sensor == "lidar" else None
                 if a is ego and pts is not None and not np.allclose(T, np.eye(4)):
                     # move the ego's own points into the augmented frame so its feature needs no warp
                     pts, T = transform_points(T, pts), np.eye(4)

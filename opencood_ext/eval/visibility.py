@@ -1,0 +1,82 @@
+"""Recall split by who could see each ground-truth object: the ego, only a
+collaborator, or none of the selected agents. It shows what cooperation buys
+(objects only a collaborator sees) apart from how well the ego detects what it
+sees itself, which a single AP number mixes.
+
+An agent "sees" a box when at least ``min_points`` of its LiDAR points (the scan
+its type uses, e.g. 32 rings for m3) fall inside it. Camera agents are not counted
+as seeing anything here; with a camera ego the split is not defined (None).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+import numpy as np
+
+from ..geometry import invert_transform, points_in_boxes, transform_points
+from ..geometry.iou import bev_iou
+
+GROUPS = ("ego", "collaborators_only", "nobody")
+MIN_POINTS = 5
+
+
+def visibility_groups(dataset, index: int, gt_boxes: np.ndarray, min_points: int = MIN_POINTS) -> Optional[np.ndarray]:
+    """(G,) index into ``GROUPS`` for each box of ``gt_boxes`` (G, 7), given in the
+    un-augmented ego LiDAR frame of ``dataset``'s frame ``index`` (evaluation frames).
+    None when the ego is not a LiDAR agent."""
+    frame = dataset.read_frame(index)
+    agents = dataset.select_agents(frame, np.random.default_rng(0), with_collaborators=True)
+    types = dataset.cfg.agent_types
+    if types[agents[0].agent_type].sensor != "lidar":
+        return None
+    boxes = np.asarray(gt_boxes, dtype=np.float64).reshape(-1, 7)
+    T_ego_from_world = invert_transform(agents[0].T_world_from_lidar)
+    seen = np.zeros((len(agents), len(boxes)), dtype=bool)
+    for k, agent in enumerate(agents):
+        spec = types[agent.agent_type]
+        if spec.sensor != "lidar" or not len(boxes):
+            continue
+        pts = transform_points(T_ego_from_world @ agent.T_world_from_lidar,
+                               dataset.lidar_points(agent, spec.lidar_beams)[:, :3])
+        seen[k] = points_in_boxes(pts, boxes).sum(axis=0) >= min_points
+    return np.where(seen[0], 0, np.where(seen[1:].any(axis=0), 1, 2)).astype(np.int64)
+
+
+def matched_gt(pred_boxes: np.ndarray, scores: np.ndarray, gt_boxes: np.ndarray, iou_threshold: float) -> np.ndarray:
+    """(G,) bool: GT boxes a detection claims under the AP protocol's greedy rule
+    (detections by score, high first; each takes the unclaimed GT of highest BEV IoU >= threshold)."""
+    gt = np.asarray(gt_boxes, dtype=np.float64).reshape(-1, 7)
+    pred = np.asarray(pred_boxes, dtype=np.float64).reshape(-1, 7)
+    hit = np.zeros(len(gt), dtype=bool)
+    if not len(gt) or not len(pred):
+        return hit
+    iou = bev_iou(pred[np.argsort(-np.asarray(scores), kind="stable")], gt)
+    for row in iou:
+        row = np.where(hit, -1.0, row)
+        j = int(row.argmax())
+        if row[j] >= iou_threshold:
+            hit[j] = True
+    return hit
+
+
+@dataclass
+class VisibilityRecall:
+    """Accumulates, per group, GT boxes and how many a detection matched."""
+
+    iou_threshold: float = 0.5
+    total: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(GROUPS, 0))
+    found: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(GROUPS, 0))
+
+    def add(self, groups: np.ndarray, pred_boxes, scores, gt_boxes) -> None:
+        hit = matched_gt(pred_boxes, scores, gt_boxes, self.iou_threshold)
+        if len(groups) != len(hit):
+            raise ValueError(f"{len(groups)} visibility groups for {len(hit)} GT boxes")
+        for g, name in enumerate(GROUPS):
+            self.total[name] += int((groups == g).sum())
+            self.found[name] += int(hit[groups == g].sum())
+
+    def summary(self) -> Dict[str, dict]:
+        """{group: {"gt": n, "recall": found / n or None}}."""
+        return {g: {"gt": self.total[g], "recall": self.found[g] / self.total[g] if self.total[g] else None}
+                for g in GROUPS}
