@@ -35,6 +35,11 @@ def test_groups_follow_each_agents_points_even_for_an_ego_only_dataset():
     _hide(other, T_ego_from_other, gt[1:2])    # box 1: nobody sees it
     groups = visibility_groups(ds, 0, gt)
     assert groups.tolist() == [1, 2] + [0] * (len(gt) - 2)
+    # an agent sees its own vehicle even without a point on it
+    own = np.array([[0.3, -0.2, -1.2, 4.0, 2.0, 1.5, 0.4]])
+    assert visibility_groups(ds, 0, np.concatenate([gt, own]))[-1] == 0
+    far = own + [[0, 3.0, 0, 0, 0, 0, 0]]
+    assert visibility_groups(ds, 0, np.concatenate([gt, far]))[-1] == 2
     # the ego-only dataset still feeds the model just the ego
     assert len(ds[0].agents) == 1
 

@@ -6,6 +6,8 @@ sees itself, which a single AP number mixes.
 An agent "sees" a box when at least ``min_points`` of its LiDAR points (the scan
 its type uses, e.g. 32 rings for m3) fall inside it. Camera agents are not counted
 as seeing anything here; with a camera ego the split is not defined (None).
+Every agent also "sees" its own vehicle (the box around its sensor in BEV): the
+GT holds the ego's own car, which its LiDAR never hits but any detector finds.
 """
 from __future__ import annotations
 
@@ -37,10 +39,18 @@ def visibility_groups(dataset, index: int, gt_boxes: np.ndarray, min_points: int
         spec = types[agent.agent_type]
         if spec.sensor != "lidar" or not len(boxes):
             continue
-        pts = transform_points(T_ego_from_world @ agent.T_world_from_lidar,
-                               dataset.lidar_points(agent, spec.lidar_beams)[:, :3])
-        seen[k] = points_in_boxes(pts, boxes).sum(axis=0) >= min_points
+        T = T_ego_from_world @ agent.T_world_from_lidar
+        pts = transform_points(T, dataset.lidar_points(agent, spec.lidar_beams)[:, :3])
+        seen[k] = (points_in_boxes(pts, boxes).sum(axis=0) >= min_points) | _holds_xy(boxes, T[:2, 3])
     return np.where(seen[0], 0, np.where(seen[1:].any(axis=0), 1, 2)).astype(np.int64)
+
+
+def _holds_xy(boxes: np.ndarray, xy: np.ndarray) -> np.ndarray:
+    """(M,) bool: the BEV footprint of each box (M, 7) contains the point ``xy``."""
+    d = xy[None, :] - boxes[:, :2]
+    c, s = np.cos(boxes[:, 6]), np.sin(boxes[:, 6])
+    along, across = c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1]
+    return (np.abs(along) <= boxes[:, 3] / 2) & (np.abs(across) <= boxes[:, 4] / 2)
 
 
 def matched_gt(pred_boxes: np.ndarray, scores: np.ndarray, gt_boxes: np.ndarray, iou_threshold: float) -> np.ndarray:
