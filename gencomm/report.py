@@ -18,10 +18,10 @@ def _fmt_bytes(b: float) -> str:
 def plot_ap_vs_bytes(rows, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     for thr, marker in ((0.5, "o"), (0.7, "s")):
-        for r in rows:
+        for k, r in enumerate(rows):  # one colour per method, shared by its two markers
             b = max(r["eval"]["bytes_per_message"], 1.0)
             ap = r["eval"]["ap"]["global"][str(thr)]
-            ax.scatter(math.log2(b), ap, marker=marker, s=60, label=f"{r['method']} AP@{thr}")
+            ax.scatter(math.log2(b), ap, marker=marker, s=60, color=f"C{k % 10}")
             ax.annotate(r["method"].split(" (")[0], (math.log2(b), ap), textcoords="offset points",
                         xytext=(4, 4), fontsize=7)
     ax.set_xlabel("log2(bytes one collaborator sends per frame)  (0 = nothing sent)")
