@@ -207,3 +207,17 @@ def test_roadside_unit_points_use_a_virtual_lidar_at_ego_height():
     # ground points (world z ~ 0) now sit about the ego's LiDAR height below the virtual sensor
     ground = world_pts[:, 2] < 0.05
     assert abs(np.median(pts[ground, 2]) + T[2, 3]) < 0.2
+
+
+def test_early_fusion_model_runs_ego_only_with_a_collaborator_type_it_has_no_encoder_for():
+    """An early-fusion model (only the ego type's encoder) evaluated with its collaborators off."""
+    model = CooperativeDetector({"m1": PP}, RANGE, fusion="early")
+    with pytest.raises(ValueError, match="no LiDAR encoder"):
+        _dataset(model, "all", types=("m1", "m3", "m1"))
+    ds = _dataset(model, "ego_only", types=("m1", "m3", "m1"))
+    s = ds[0]
+    assert [a.agent_type for a in s.agents] == ["m1"]
+    # a random ego that lands on the type without an encoder says so
+    bad = _dataset(model, "ego_only", types=("m3", "m1", "m1"))
+    with pytest.raises(ValueError, match="type m3, for which the model has no LiDAR encoder"):
+        bad[0]

@@ -166,8 +166,10 @@ class CooperativeDataset(Dataset):
             if spec.sensor != "lidar":
                 continue
             if not voxel_sizes.get(name):
-                if cooperation == "early":
-                    continue  # early fusion voxelises the merged cloud with the ego type's voxels
+                if cooperation in ("early", "ego_only"):
+                    # early fusion voxelises the merged cloud with the ego type's voxels; an ego-only
+                    # run (e.g. an early-fusion model with its collaborators off) needs just the ego's
+                    continue
                 raise ValueError(f"data.agent_types.{name} is a LiDAR type but the model has no LiDAR "
                                  f"encoder (voxel size) for it; model types: {sorted(voxel_sizes)}")
             self.voxelizers[name] = Voxelizer(voxel_sizes[name], cfg.lidar_range,
@@ -311,6 +313,9 @@ class CooperativeDataset(Dataset):
                     pts, T = self._virtual_lidar(pts, T, a, ego)
                 item = AgentInput(a.agent_id, t, T.astype(np.float32))
                 if pts is not None:
+                    if t not in self.voxelizers:
+                        raise ValueError(f"agent {a.agent_id} is of type {t}, for which the model has no "
+                                         f"LiDAR encoder; model LiDAR types: {sorted(self.voxelizers)}")
                     item.voxels = self.voxelizers[t](pts)
                     item.num_points = len(pts)
                 else:
