@@ -29,4 +29,5 @@ def test_report_lists_rows_and_ego_only_column(tmp_path):
     assert cells[6].startswith("141,004 (2^17.1)")
     assert "| Old run without the paired column |" in report and "| - |" in report
     assert "onboarding 5 s vs stage 1 m1 50 s, m3 60 s" in report
+    assert "training itself took 2 min" in report  # 10 + 5 + 50 + 60 + 5 s; GenComm's row is onboarding
     assert (tmp_path / "ap_vs_bytes.png").stat().st_size > 1000

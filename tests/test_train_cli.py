@@ -68,6 +68,11 @@ def test_gencomm_stage1_then_onboarding(dataset, tmp_path, capsys):
     report = json.loads((out / "onboarding.json").read_text())
     dme = report["trainable_params_per_new_type"]["m3"]
     assert report["trainable_params_total"] == dme and f"{dme:,}" in printed
+    assert report["onboarding_wall_time_s"] > 0
+    # a rerun finds the run finished and still reports the time it took
+    assert onboard.main(["--ego", str(runs["m1"]), "--new", str(runs["m3"]), "-o", str(out), "--epochs", "1"]) == 0
+    again = json.loads((out / "onboarding.json").read_text())
+    assert again["onboarding_wall_time_s"] == report["onboarding_wall_time_s"]
     # everything but m3's message extractor is unchanged from stage 1
     from gencomm.training.checkpoint import load_checkpoint
     s1 = load_checkpoint(runs["m1"] / "checkpoints" / "latest.pth")["model"]
