@@ -41,6 +41,25 @@ def plot_ap_vs_bytes(rows, path: Path) -> Path:
     return path
 
 
+def _visibility_table(rows) -> list:
+    """Recall@0.5 by who sees each GT object (ego / only a collaborator / nobody), when evaluated."""
+    have = [r for r in rows if r["eval"].get("recall_by_visibility")]
+    if not have:
+        return []
+    groups = list(have[0]["eval"]["recall_by_visibility"])
+    lines = ["", "Recall@0.5 by who sees each test object (>= 5 of an agent's LiDAR points, or its own car); "
+             "only the collaborator-only column can show what a message carries that the ego cannot see:", "",
+             "| method | " + " | ".join(g.replace("_", " ") for g in groups) + " |",
+             "|---|" + "---|" * len(groups)]
+    for r in have:
+        cells = []
+        for g in groups:
+            v = r["eval"]["recall_by_visibility"][g]
+            cells.append("-" if v["recall"] is None else f"{v['recall']:.3f} of {v['gt']}")
+        lines.append(f"| {r['method']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_report(results: dict, out: Path) -> Path:
     rows = results["rows"]
     plot = plot_ap_vs_bytes(rows, out / "ap_vs_bytes.png")
@@ -61,6 +80,7 @@ def write_report(results: dict, out: Path) -> Path:
         lines.append(f"| {r['method']} | {g['0.3']:.3f} | {g['0.5']:.3f} | {g['0.7']:.3f} | "
                      f"{p['0.5']:.3f} / {p['0.7']:.3f} | {solo} | {_fmt_bytes(r['eval']['bytes_per_message'])} | "
                      f"{r['trainable_params']:,} | {r['train_wall_s']:.0f} s | {r['note']} |")
+    lines += _visibility_table(rows)
     ob = results["onboarding"]
     s1 = results["stage1_wall_s"]
     lines += ["", "AP columns use the GLOBAL sort of all detections (HEAL's default); the per-frame order "
