@@ -6,7 +6,9 @@
    (PointPillars, 64-beam) and m3 (SECOND, 32-beam);
 3. onboard m3 into m1's alliance (stage 2: only m3's message extractor trains);
 4. evaluate everything on the test split with an m1 ego and m3 collaborators,
-   and write ``REPORT.md`` (table + AP-vs-bytes plot) and ``results.json``.
+   and again with the same weights and the collaborators off (what cooperation
+   adds, paired), and write ``REPORT.md`` (tables + AP-vs-bytes plot) and
+   ``results.json``.
 
 Every step is resumable: a finished run is skipped, an interrupted one
 continues from its last checkpoint. ``quick=True`` shrinks data and training
