@@ -82,13 +82,19 @@ def _sat_overlap(a, b) -> bool:
     return True
 
 
-@pytest.mark.parametrize("seed", [0, 4])
-def test_traffic_moves_without_collisions(seed):
+def _town_with_traffic(seed, moving):
+    """A generated road network with ``moving`` vehicles on it plus the parked ones."""
     rng = np.random.default_rng(seed)
     net = generate_roads(rng)
-    tr = Traffic(net, rng, TrafficParams(vehicles=(40, 40)))
-    tr.spawn_moving(40)
+    tr = Traffic(net, rng, TrafficParams(vehicles=(moving, moving)))
+    tr.spawn_moving(moving)
     tr.spawn_parked()
+    return net, tr
+
+
+@pytest.mark.parametrize("seed", [0, 4])
+def test_traffic_moves_without_collisions(seed):
+    net, tr = _town_with_traffic(seed, 40)
     moving = tr.moving()
     assert len(moving) == 40 and len(tr.vehicles) > 40
     start = np.array([[v.x, v.y] for v in moving])
@@ -115,11 +121,7 @@ def test_traffic_moves_without_collisions(seed):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 6, 9])
 def test_no_gridlock_over_80_seconds(seed):
-    rng = np.random.default_rng(seed)
-    net = generate_roads(rng)
-    tr = Traffic(net, rng, TrafficParams(vehicles=(55, 55)))
-    tr.spawn_moving(55)
-    tr.spawn_parked()
+    net, tr = _town_with_traffic(seed, 55)
     still = {v.vid: 0 for v in tr.moving()}
     worst = 0
     for _ in range(1600):

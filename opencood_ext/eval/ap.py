@@ -67,6 +67,9 @@ class APResult:
     thresholds: Tuple[float, ...] = ()
 
 
+BEV_COLUMNS = [0, 1, 3, 4, 6]  # x, y, l, w, yaw of a (N, 7) box
+
+
 def voc_ap(recall: np.ndarray, precision: np.ndarray) -> float:
     """VOC all-points AP of a PR curve given in detection order (see module docstring)."""
     mrec = np.concatenate([[0.0], np.asarray(recall, dtype=np.float64), [1.0]])
@@ -97,7 +100,7 @@ def _bev_radius(bev: np.ndarray) -> np.ndarray:
 
 
 def match_frames(frames: Sequence[Tuple[np.ndarray, np.ndarray]],
-                 thresholds: Sequence[float]) -> List[np.ndarray]:
+                 thresholds: Sequence[float], with_gt: bool = False):
     """Greedy TP/FP decisions for many frames at once.
 
     frames: per frame ``(pred (P, 5|7) sorted by score high first, gt (G, 5|7))``.
@@ -105,15 +108,18 @@ def match_frames(frames: Sequence[Tuple[np.ndarray, np.ndarray]],
     threshold ``thresholds[t]``. Frames are independent, so the k-th prediction of
     every frame is decided in the same vectorised step (a loop over max P, not over
     frames); within a frame the order is the protocol's sequential one.
+    ``with_gt``: also return per frame a (T, P) int64 array, the GT index each
+    prediction matched (-1 for a FP), as ``(tp_list, gt_list)``.
     """
     thr = np.asarray(thresholds, dtype=np.float64)
     T = len(thr)
     P = np.array([len(p) for p, _ in frames], dtype=np.int64)
     G = np.array([len(g) for _, g in frames], dtype=np.int64)
     out = [np.zeros((T, p), dtype=bool) for p in P]
+    out_gt = [np.full((T, p), -1, dtype=np.int64) for p in P]
     live = np.nonzero((P > 0) & (G > 0))[0]
     if len(live) == 0:
-        return out
+        return (out, out_gt) if with_gt else out
     Pl, Gl = P[live], G[live]
     pred_all = np.concatenate([frames[f][0] for f in live])
     gt_all = np.concatenate([frames[f][1] for f in live])
@@ -134,6 +140,7 @@ def match_frames(frames: Sequence[Tuple[np.ndarray, np.ndarray]],
                                                           gt_all[g_idx[near]])
     unmatched = np.ones((L, T, g_max), dtype=bool)
     tp = np.zeros((L, T, p_max), dtype=bool)
+    gt_of = np.full((L, T, p_max), -1, dtype=np.int64)
     for r in range(p_max):
         cand = np.where(unmatched, D[:, None, r, :], -1.0)  # (L, T, G)
         best = cand.argmax(axis=-1)  # first GT among equal IoUs
@@ -141,9 +148,11 @@ def match_frames(frames: Sequence[Tuple[np.ndarray, np.ndarray]],
         tp[:, :, r] = hit
         l_idx, t_idx = np.nonzero(hit)
         unmatched[l_idx, t_idx, best[l_idx, t_idx]] = False
+        gt_of[l_idx, t_idx, r] = best[l_idx, t_idx]
     for n, f in enumerate(live):
         out[f] = tp[n, :, :P[f]]
-    return out
+        out_gt[f] = gt_of[n, :, :P[f]]
+    return (out, out_gt) if with_gt else out
 
 
 class APAccumulator:
@@ -182,9 +191,8 @@ class APAccumulator:
         gt = _to_numpy(gt_boxes, "gt_boxes", (5, 7))
         if len(sc) != len(pred):
             raise ValueError(f"APAccumulator.add: {len(sc)} scores for {len(pred)} pred_boxes")
-        bev = [0, 1, 3, 4, 6]
-        pred = pred[:, bev] if pred.shape[1] == 7 else pred
-        gt = gt[:, bev] if gt.shape[1] == 7 else gt
+        pred = pred[:, BEV_COLUMNS] if pred.shape[1] == 7 else pred
+        gt = gt[:, BEV_COLUMNS] if gt.shape[1] == 7 else gt
         order = np.argsort(-sc, kind="stable")
         self._scores.append(sc[order])
         self._pending.append((pred[order], gt))

@@ -17,7 +17,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ..geometry import invert_transform, points_in_boxes, transform_points
-from ..geometry.iou import bev_iou
+from .ap import BEV_COLUMNS, match_frames
 
 GROUPS = ("ego", "collaborators_only", "nobody")
 MIN_POINTS = 5
@@ -41,32 +41,21 @@ def visibility_groups(dataset, index: int, gt_boxes: np.ndarray, min_points: int
             continue
         T = T_ego_from_world @ agent.T_world_from_lidar
         pts = transform_points(T, dataset.lidar_points(agent, spec.lidar_beams)[:, :3])
-        seen[k] = (points_in_boxes(pts, boxes).sum(axis=0) >= min_points) | _holds_xy(boxes, T[:2, 3])
+        own_car = points_in_boxes(T[None, :2, 3], boxes, bev_only=True)[0]
+        seen[k] = (points_in_boxes(pts, boxes).sum(axis=0) >= min_points) | own_car
     return np.where(seen[0], 0, np.where(seen[1:].any(axis=0), 1, 2)).astype(np.int64)
-
-
-def _holds_xy(boxes: np.ndarray, xy: np.ndarray) -> np.ndarray:
-    """(M,) bool: the BEV footprint of each box (M, 7) contains the point ``xy``."""
-    d = xy[None, :] - boxes[:, :2]
-    c, s = np.cos(boxes[:, 6]), np.sin(boxes[:, 6])
-    along, across = c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1]
-    return (np.abs(along) <= boxes[:, 3] / 2) & (np.abs(across) <= boxes[:, 4] / 2)
 
 
 def matched_gt(pred_boxes: np.ndarray, scores: np.ndarray, gt_boxes: np.ndarray, iou_threshold: float) -> np.ndarray:
     """(G,) bool: GT boxes a detection claims under the AP protocol's greedy rule
-    (detections by score, high first; each takes the unclaimed GT of highest BEV IoU >= threshold)."""
+    (:func:`opencood_ext.eval.ap.match_frames`, the matcher AP uses)."""
     gt = np.asarray(gt_boxes, dtype=np.float64).reshape(-1, 7)
     pred = np.asarray(pred_boxes, dtype=np.float64).reshape(-1, 7)
+    order = np.argsort(-np.asarray(scores), kind="stable")
+    frame = (pred[order][:, BEV_COLUMNS], gt[:, BEV_COLUMNS])
+    _, (gt_of,) = match_frames([frame], [iou_threshold], with_gt=True)
     hit = np.zeros(len(gt), dtype=bool)
-    if not len(gt) or not len(pred):
-        return hit
-    iou = bev_iou(pred[np.argsort(-np.asarray(scores), kind="stable")], gt)
-    for row in iou:
-        row = np.where(hit, -1.0, row)
-        j = int(row.argmax())
-        if row[j] >= iou_threshold:
-            hit[j] = True
+    hit[gt_of[0][gt_of[0] >= 0]] = True
     return hit
 
 

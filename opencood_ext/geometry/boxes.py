@@ -73,18 +73,20 @@ def objects_to_boxes(objects: Iterable, T_sensor_from_world) -> np.ndarray:
     return corners_to_boxes(corners)
 
 
-def points_in_boxes(points, boxes) -> np.ndarray:
-    """(N, 3+) points, (M, 7) boxes -> (N, M) bool mask of points inside each box."""
-    pts = np.asarray(points, dtype=np.float64)[:, :3]
+def points_in_boxes(points, boxes, bev_only: bool = False) -> np.ndarray:
+    """(N, 3+) points, (M, 7) boxes -> (N, M) bool mask of points inside each box
+    (``bev_only``: inside its bird's-eye-view footprint, any height; points may be (N, 2))."""
+    dims = 2 if bev_only else 3
+    pts = np.asarray(points, dtype=np.float64)[:, :dims]
     b = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
     if len(b) == 0 or len(pts) == 0:
         return np.zeros((len(pts), len(b)), dtype=bool)
-    d = pts[:, None, :] - b[None, :, :3]  # (N, M, 3)
+    d = pts[:, None, :] - b[None, :, :dims]  # (N, M, dims)
     c, s = np.cos(b[:, 6]), np.sin(b[:, 6])
     lx = d[..., 0] * c + d[..., 1] * s
     ly = -d[..., 0] * s + d[..., 1] * c
-    return ((np.abs(lx) <= b[:, 3] / 2) & (np.abs(ly) <= b[:, 4] / 2)
-            & (np.abs(d[..., 2]) <= b[:, 5] / 2))
+    inside = (np.abs(lx) <= b[:, 3] / 2) & (np.abs(ly) <= b[:, 4] / 2)
+    return inside if bev_only else inside & (np.abs(d[..., 2]) <= b[:, 5] / 2)
 
 
 def limit_period(angle, offset: float = 0.5, period: float = 2 * np.pi):
