@@ -3,7 +3,9 @@ with the LiDAR and the cameras, and BEV / camera artifacts to look at."""
 import numpy as np
 import pytest
 
-from gencomm.cosim.builtin import BuiltinWorld
+from dataclasses import replace
+
+from gencomm.cosim.builtin import AgentParams, BuiltinWorld
 from gencomm.cosim.camera import CameraModel
 from gencomm.cosim.world import CameraSpec, World, project_points
 from opencood_ext.geometry import (boxes_to_corners, invert_transform, objects_to_boxes, pose_to_matrix,
@@ -160,7 +162,53 @@ def test_write_bev_and_camera_artifacts(run):
     Image.fromarray(r.image).save(ARTIFACTS / "sim_camera0.png")
     Image.fromarray(f.agents[0].cameras[0].image).save(ARTIFACTS / "sim_camera0_small.png")
     assert bev.stat().st_size > 10000
-    # a street scene, not noise: sky on top, darker road at the bottom, neighbouring pixels mostly alike
+    # a street scene, not noise: sky above the street ahead (the sides may be facades or tree crowns),
+    # darker road at the bottom, neighbouring pixels mostly alike
     img = r.image.astype(float)
-    assert img[:20].mean(axis=(0, 1))[2] > 150 and img[-20:].mean() < img[:20].mean()
+    w = img.shape[1]
+    sky = img[:20, w // 3: 2 * w // 3].mean(axis=(0, 1))
+    assert sky[2] > 150 and sky[2] > sky[0] and img[-20:].mean() < img[:20].mean()
     assert np.abs(np.diff(img, axis=1)).mean() < 12.0
+
+
+def _bearing_and_distance(v, centre):
+    return np.arctan2(v.y - centre[1], v.x - centre[0]), np.hypot(v.x - centre[0], v.y - centre[1])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_junction_layout_puts_collaborators_on_other_arms(seed):
+    """The default layout: the ego (lowest id, first agent) approaches a junction and every
+    collaborator sits on another arm of it, so buildings can hide from the ego what they see."""
+    cfg = replace(small_config(), warmup_ticks=0)
+    world = BuiltinWorld(cfg)
+    world.reset(seed)
+    p = cfg.agents
+    cavs = [a.vehicle for a in world._agents if a.vehicle is not None]
+    assert p.layout == "junction" and p.count[0] <= len(cavs) <= p.count[1]
+    assert cavs[0].vid == min(v.vid for v in cavs)          # the first agent is the evaluation ego
+
+    def fits(centre):
+        b0, d0 = _bearing_and_distance(cavs[0], centre)
+        if not p.junction_distance[0] <= d0 <= p.junction_distance[1]:
+            return False
+        for v in cavs[1:]:
+            b, d = _bearing_and_distance(v, centre)
+            off = abs((b - b0 + np.pi) % (2 * np.pi) - np.pi)
+            if d > p.spawn_radius or d < p.junction_distance[0] or off < np.radians(p.min_arm_angle):
+                return False
+        return True
+
+    assert any(fits(j.center) for j in world.traffic.net.junctions)
+    world.close()
+
+
+def test_free_layout_and_bad_layout():
+    cfg = replace(small_config(), warmup_ticks=0)
+    world = BuiltinWorld(replace(cfg, agents=replace(cfg.agents, layout="free")))
+    world.reset(0)
+    cavs = [a.vehicle for a in world._agents if a.vehicle is not None]
+    assert len(cavs) >= 2
+    assert all(np.hypot(v.x - cavs[0].x, v.y - cavs[0].y) <= cfg.agents.spawn_radius for v in cavs[1:])
+    assert world.protocol()["scenario"]["layout"] == "free"
+    with pytest.raises(ValueError, match="agents.layout must be one of"):
+        AgentParams(layout="ring")

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dataclasses import replace  # noqa: E402
 
 from gencomm.cosim.agent_types import DEFAULT_PATH, load_agent_types  # noqa: E402
-from gencomm.cosim.builtin import BuiltinWorld, SimConfig  # noqa: E402
+from gencomm.cosim.builtin import LAYOUTS, AgentParams, BuiltinWorld, SimConfig  # noqa: E402
 from gencomm.cosim.recorder import record  # noqa: E402
 from gencomm.cosim.town import TownParams  # noqa: E402
 from gencomm.cosim.traffic import TrafficParams  # noqa: E402
@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-types", type=Path, default=DEFAULT_PATH, help="agent types and sensor rig yaml")
     p.add_argument("--vehicles", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
                    help="moving vehicles per scenario (default 20 60)")
+    p.add_argument("--layout", choices=LAYOUTS, default="junction",
+                   help="where the connected vehicles go: 'junction' (ego approaching a junction, collaborators "
+                        "on its other arms, so they see what the ego cannot) or 'free' (anywhere near the ego)")
     p.add_argument("--points-per-second", type=int, default=None, help="override the LiDAR rate (faster tests)")
     p.add_argument("--raster-res", type=float, default=0.25, help="ground raster cell, m")
     p.add_argument("--no-shadows", action="store_true", help="skip camera shadow rays")
@@ -64,10 +67,11 @@ def main(argv=None) -> int:
         sensors = replace(sensors, lidar=replace(sensors.lidar, points_per_second=args.points_per_second))
     traffic = TrafficParams() if args.vehicles is None else TrafficParams(vehicles=tuple(args.vehicles))
     cfg = SimConfig(town=TownParams(raster_res=args.raster_res), traffic=traffic, sensors=sensors,
+                    agents=AgentParams(layout=args.layout),
                     cameras=not args.no_cameras, camera_size=args.camera_size, camera_shadows=not args.no_shadows)
     settings = {"agent_types": str(args.agent_types), "camera_size": list(args.camera_size or ()),
                 "vehicles": list(traffic.vehicles), "points_per_second": sensors.lidar.points_per_second,
-                "raster_res": args.raster_res, "shadows": not args.no_shadows}
+                "raster_res": args.raster_res, "shadows": not args.no_shadows, "layout": args.layout}
     world = BuiltinWorld(cfg)
     try:
         res = record(world, args.out, args.scenarios, args.frames, args.seed, args.split_ratio,

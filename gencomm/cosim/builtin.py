@@ -40,6 +40,7 @@ from .vehicles import GLASS, PAINT, PART_BODY, PART_GLASS, TYRE, vehicle_mesh
 from .world import AgentInfo, CameraSpec
 
 
+LAYOUTS = ("junction", "free")
 RSU_POLE_ID = -1001  # object id of the roadside pole; -1 means 'no object' in the surface table
 
 
@@ -49,8 +50,15 @@ class AgentParams:
 
     count: Tuple[int, int] = (2, 5)
     comm_range: float = 70.0
-    spawn_radius: float = 40.0
+    spawn_radius: float = 40.0                          # m: from the first agent, or the junction centre
     rsu_probability: float = 0.5
+    layout: str = "junction"                            # "junction" or "free" (module docstring)
+    junction_distance: Tuple[float, float] = (8.0, 35.0)   # ego to junction centre, m
+    min_arm_angle: float = 50.0                         # deg, ego vs collaborator bearing from the centre
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"agents.layout must be one of {LAYOUTS}, got {self.layout!r}")
 
 
 @dataclass
@@ -177,7 +185,7 @@ class BuiltinWorld:
                          "rsu_list": [a.info.agent_id for a in self._agents if a.info.is_rsu],
                          "agent_types": {str(a.info.agent_id): a.info.agent_type for a in self._agents},
                          "moving_vehicles": len(moving), "parked_vehicles": len(self.traffic.vehicles) - len(moving),
-                         "communication_range": cfg.agents.comm_range},
+                         "communication_range": cfg.agents.comm_range, "layout": cfg.agents.layout},
         }
 
     def close(self) -> None:
@@ -201,30 +209,59 @@ class BuiltinWorld:
         return AgentInfo(agent_id, agent_type, lidar, cams, self.cfg.sensors.variant_keep())
 
     def _spawn(self, rng) -> List[Vehicle]:
+        """Connected vehicles first (``layout``), then the rest of the traffic."""
         cfg, tr = self.cfg, self.traffic
         n_cav = int(rng.integers(cfg.agents.count[0], cfg.agents.count[1] + 1))
-        cavs: List[Vehicle] = []
-        for _ in range(20):
-            first = tr.spawn_moving(1, "Car")
-            if not first:
-                continue
-            if n_cav == 1:
-                cavs = first
+        place = self._place_at_junction if cfg.agents.layout == "junction" else self._place_free
+        for _ in range(30):
+            cavs = place(rng, n_cav)
+            if len(cavs) == n_cav:
                 break
-            others = tr.spawn_moving(n_cav - 1, "Car", near=(first[0].x, first[0].y, cfg.agents.spawn_radius))
-            if len(others) == n_cav - 1:
-                cavs = first + others
-                break
-            for v in first + others:
+            for v in cavs:
                 tr.vehicles.remove(v)
-        if len(cavs) < min(2, n_cav):
-            raise RuntimeError(f"could not place {n_cav} connected vehicles within "
-                               f"{cfg.agents.spawn_radius} m of each other")
+        else:
+            raise RuntimeError(f"could not place {n_cav} connected vehicles (layout {cfg.agents.layout!r}, "
+                               f"spawn_radius {cfg.agents.spawn_radius} m) in 30 tries")
         total = int(rng.integers(cfg.traffic.vehicles[0], cfg.traffic.vehicles[1] + 1))
         tr.spawn_moving(max(0, total - n_cav))
         tr.spawn_parked()
         self._by_id = {v.vid: v for v in tr.vehicles}
         return cavs
+
+    def _place_free(self, rng, n_cav: int) -> List[Vehicle]:
+        tr, r = self.traffic, self.cfg.agents.spawn_radius
+        first = tr.spawn_moving(1, "Car")
+        if not first or n_cav == 1:
+            return first
+        return first + tr.spawn_moving(n_cav - 1, "Car", near=(first[0].x, first[0].y, r))
+
+    def _place_at_junction(self, rng, n_cav: int) -> List[Vehicle]:
+        """Ego on an arm of a random junction, the others on its other arms (may
+        return fewer than ``n_cav``; the caller removes them and tries again)."""
+        tr, p = self.traffic, self.cfg.agents
+        junctions = tr.net.junctions
+        c = np.asarray(junctions[int(rng.integers(len(junctions)))].center, dtype=float)
+        lo, hi = p.junction_distance
+        first = tr.spawn_moving(1, "Car", near=(c[0], c[1], hi))
+        if not first:
+            return []
+        bearing0 = np.arctan2(first[0].y - c[1], first[0].x - c[0])
+        if np.hypot(first[0].x - c[0], first[0].y - c[1]) < lo or n_cav == 1:
+            return first
+        placed = list(first)
+        for _ in range(60):
+            if len(placed) == n_cav:
+                break
+            new = tr.spawn_moving(1, "Car", near=(c[0], c[1], p.spawn_radius), attempts=50)
+            if not new:
+                continue
+            v = new[0]
+            off = abs((np.arctan2(v.y - c[1], v.x - c[0]) - bearing0 + np.pi) % (2 * np.pi) - np.pi)
+            if off < np.radians(p.min_arm_angle) or np.hypot(v.x - c[0], v.y - c[1]) < lo:
+                tr.vehicles.remove(v)
+            else:
+                placed.append(v)
+        return placed
 
     def _place_rsu(self, rng, near: Vehicle):
         """Pole on the sidewalk at the junction nearest the first agent (when
