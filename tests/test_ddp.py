@@ -33,6 +33,16 @@ def test_single_process_without_torchrun_env(monkeypatch):
         init_distributed("cpu")
 
 
+def test_more_ranks_than_gpus_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="LOCAL_RANK=1 but this machine has 1 CUDA device"):
+        init_distributed()
+
+
 def test_torchrun_two_ranks_gloo(tmp_path):
     run, out = tmp_path / "run", tmp_path / "out"
     epochs, n_train = 2, 12

@@ -56,7 +56,7 @@ def test_stray_model_train_cannot_update_frozen_batchnorm():
 
 
 def _snapshot(module):
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}   # the trainer may move it to CUDA
 
 
 @pytest.mark.parametrize("as_callable", [False, True])

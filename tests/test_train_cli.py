@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from spconv.cppconstants import CPU_ONLY_BUILD as SPCONV_CPU_ONLY
+
 from tiny_runs import GENCOMM, PP, SECOND, tiny_config as _config, tiny_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +55,8 @@ def test_bad_config_is_reported(dataset, tmp_path, capsys):
     assert train.main(["--set", "train.epochs=1"]) == 2
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and SPCONV_CPU_ONLY,
+                    reason="the trainer would put SECOND on CUDA, and this spconv is a CPU-only build")
 def test_gencomm_stage1_then_onboarding(dataset, tmp_path, capsys):
     torch.set_num_threads(1)
     runs = {}
@@ -115,7 +119,8 @@ def test_torchrun_two_processes_with_the_real_detector(dataset, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                            "--master_addr=127.0.0.1", f"--master_port={port}", str(entry)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1",
+                               "CUDA_VISIBLE_DEVICES": ""})   # CPU ranks even on a GPU machine
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run / "checkpoints" / "latest.pth").exists() and (run / "config.yaml").exists()
     from gencomm.training.checkpoint import load_checkpoint

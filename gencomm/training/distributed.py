@@ -76,6 +76,10 @@ def init_distributed(device: Optional[str | torch.device] = None, timeout_s: flo
 
     if device is None:
         dev = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        if dev.type == "cuda" and local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"LOCAL_RANK={local_rank} but this machine has {torch.cuda.device_count()} CUDA "
+                               f"device(s): start one process per GPU (torchrun --nproc_per_node="
+                               f"{torch.cuda.device_count()}), or run CPU ranks with CUDA_VISIBLE_DEVICES=''")
     else:
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:

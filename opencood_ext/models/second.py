@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import spconv.pytorch as spconv
+from spconv.cppconstants import CPU_ONLY_BUILD as SPCONV_CPU_ONLY
 
 from opencood_ext.data.voxelize import grid_shape
 
@@ -116,6 +117,10 @@ class SecondEncoder(nn.Module):
         if data.coords.shape[0] == 0:  # spconv cannot run on an empty tensor: nothing seen, all zeros
             h, w = self.bev_shape
             return EncoderOutput(bev=data.voxels.new_zeros(data.num_agents, self.out_channels, h, w))
+        if data.voxels.is_cuda and SPCONV_CPU_ONLY:
+            raise RuntimeError("second: the input is on CUDA but the installed spconv is a CPU-only build; "
+                               "install the CUDA build that matches your torch (e.g. pip install spconv-cu126) "
+                               "or train on the CPU (CUDA_VISIBLE_DEVICES='')")
         feats = self.mean_features(data.voxels, data.num_points)
         x = spconv.SparseConvTensor(feats, data.coords.int(), self.sparse_shape, data.num_agents)
         for stage in self.stages:
