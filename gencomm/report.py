@@ -55,6 +55,8 @@ def _visibility_table(rows) -> list:
             v = r["eval"]["recall_by_visibility"][g]
             cells.append("-" if v["recall"] is None else f"{v['recall']:.3f} of {v['gt']}")
         lines.append(f"| {r['method']} | " + " | ".join(cells) + " |")
+    lines += ["", "A row counts the agents of its own alliance: for an m1-only model (no fusion) what only an m3 "
+              "collaborator sees falls under nobody."]
     return lines
 
 
