@@ -1,9 +1,9 @@
 """The built-in world end to end: protocol, poses, agents, labels agreeing
 with the LiDAR and the cameras, and BEV / camera artifacts to look at."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
-
-from dataclasses import replace
 
 from gencomm.cosim.builtin import AgentParams, BuiltinWorld
 from gencomm.cosim.camera import CameraModel

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spconv.cppconstants import CPU_ONLY_BUILD as SPCONV_CPU_ONLY
-
+from opencood_ext.models.second import SPCONV_CPU_ONLY
 from tiny_runs import GENCOMM, PP, SECOND, tiny_config as _config, tiny_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

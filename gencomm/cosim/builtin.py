@@ -242,11 +242,15 @@ class BuiltinWorld:
         junctions = tr.net.junctions
         c = np.asarray(junctions[int(rng.integers(len(junctions)))].center, dtype=float)
         lo, hi = p.junction_distance
+
+        def polar(v: Vehicle) -> Tuple[float, float]:   # bearing (rad) and distance (m) from the centre
+            return np.arctan2(v.y - c[1], v.x - c[0]), np.hypot(v.x - c[0], v.y - c[1])
+
         first = tr.spawn_moving(1, "Car", near=(c[0], c[1], hi))
         if not first:
             return []
-        bearing0 = np.arctan2(first[0].y - c[1], first[0].x - c[0])
-        if np.hypot(first[0].x - c[0], first[0].y - c[1]) < lo or n_cav == 1:
+        bearing0, dist0 = polar(first[0])
+        if dist0 < lo or n_cav == 1:
             return first
         placed = list(first)
         for _ in range(60):
@@ -256,8 +260,9 @@ class BuiltinWorld:
             if not new:
                 continue
             v = new[0]
-            off = abs((np.arctan2(v.y - c[1], v.x - c[0]) - bearing0 + np.pi) % (2 * np.pi) - np.pi)
-            if off < np.radians(p.min_arm_angle) or np.hypot(v.x - c[0], v.y - c[1]) < lo:
+            bearing, dist = polar(v)
+            off = abs((bearing - bearing0 + np.pi) % (2 * np.pi) - np.pi)
+            if off < np.radians(p.min_arm_angle) or dist < lo:
                 tr.vehicles.remove(v)
             else:
                 placed.append(v)
