@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import matplotlib
+import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -18,6 +19,22 @@ def _fmt_bytes(b: float) -> str:
 def _training_minutes(results: dict) -> float:
     """Every row's training (GenComm's row is its onboarding) plus stage 1, from the logged epoch times."""
     return (sum(r["train_wall_s"] for r in results["rows"]) + sum(results["stage1_wall_s"].values())) / 60
+
+
+def _note(row: dict) -> str:
+    """The row's note plus its budget, e.g. '; 8 epochs, max fusion', from the run folder's resolved
+    config.yaml (what the row was actually trained with); the note alone when there is no run folder."""
+    if not row.get("run"):
+        return row["note"]
+    path = Path(row["run"]) / "config.yaml"
+    if not path.is_file():
+        return f"{row['note']}; {path} missing"
+    cfg = yaml.safe_load(path.read_text())
+    model, train = cfg.get("model", {}), cfg.get("train", {})
+    text = f"{train.get('epochs', '?')} epochs"
+    if model.get("fusion") == "intermediate":
+        text += f", {model.get('fusion_op', '?')} fusion"
+    return f"{row['note']}; {text}" if row["note"] else text
 
 
 def plot_ap_vs_bytes(rows, path: Path) -> Path:
@@ -79,7 +96,7 @@ def write_report(results: dict, out: Path) -> Path:
         solo = " / ".join(f"{e[t]:.3f}" for t in ("0.3", "0.5", "0.7")) if e else "-"
         lines.append(f"| {r['method']} | {g['0.3']:.3f} | {g['0.5']:.3f} | {g['0.7']:.3f} | "
                      f"{p['0.5']:.3f} / {p['0.7']:.3f} | {solo} | {_fmt_bytes(r['eval']['bytes_per_message'])} | "
-                     f"{r['trainable_params']:,} | {r['train_wall_s']:.0f} s | {r['note']} |")
+                     f"{r['trainable_params']:,} | {r['train_wall_s']:.0f} s | {_note(r)} |")
     lines += _visibility_table(rows)
     ob = results["onboarding"]
     s1 = results["stage1_wall_s"]

@@ -8,13 +8,16 @@ def _eval(ap5, nbytes):
 
 
 def test_report_lists_rows_and_ego_only_column(tmp_path):
+    run = tmp_path / "runs" / "gencomm_onboard_m3"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("model: {fusion: intermediate, fusion_op: max}\ntrain: {epochs: 4}\n")
     rows = [
         {"method": "No fusion", "eval": _eval(0.5, 0), "ego_only": _eval(0.5, 0),
          "train_wall_s": 10, "trainable_params": 100, "note": "n"},
         {"method": "GenComm (m3 onboarded)", "eval": dict(_eval(0.6, 141004), recall_by_visibility={
             "ego": {"gt": 10, "recall": 0.8}, "collaborators_only": {"gt": 4, "recall": 0.25},
             "nobody": {"gt": 0, "recall": None}}), "ego_only": _eval(0.4, 0),
-         "train_wall_s": 5, "trainable_params": 103156, "note": "stage 2 only"},
+         "train_wall_s": 5, "trainable_params": 103156, "note": "stage 2 only", "run": str(run)},
         {"method": "Old run without the paired column", "eval": _eval(0.55, 10),
          "train_wall_s": 5, "trainable_params": 1, "note": ""},
     ]
@@ -29,6 +32,7 @@ def test_report_lists_rows_and_ego_only_column(tmp_path):
     assert cells[1:4] == ["0.700", "0.600", "0.300"]
     assert cells[5] == "0.500 / 0.400 / 0.200"          # same weights, collaborators off
     assert cells[6].startswith("141,004 (2^17.1)")
+    assert cells[9] == "stage 2 only; 4 epochs, max fusion"  # the budget, read from the run's config.yaml
     assert "| Old run without the paired column |" in report and "| - |" in report
     assert "onboarding 5 s vs stage 1 m1 50 s, m3 60 s" in report
     assert "training itself took 2 min" in report  # 10 + 5 + 50 + 60 + 5 s; GenComm's row is onboarding
