@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.eval.ap import APAccumulator, format_ap_table
+from opencood_ext.eval.localisation import LocalisationStats, format_localisation
 from opencood_ext.eval.visibility import VisibilityRecall, visibility_groups
 from opencood_ext.viz import plot_agents_bev
 
@@ -42,6 +43,7 @@ class EvalResult:
     collaborators_per_frame: float
     images: List[str] = field(default_factory=list)
     recall_by_visibility: Optional[Dict[str, dict]] = None
+    localisation: Optional[Dict[str, dict]] = None  # opencood_ext.eval.localisation: box precision of found objects
 
     @property
     def log2_bytes(self) -> float:
@@ -60,6 +62,9 @@ class EvalResult:
             rows.append("recall@0.5 by who sees the object (>= 5 LiDAR points): " + ", ".join(
                 f"{g} {v['recall']:.3f} of {v['gt']}" if v["recall"] is not None else f"{g} - of 0"
                 for g, v in self.recall_by_visibility.items()))
+        if self.localisation and self.localisation["all"]["found"]:
+            rows.append("box precision of found objects (best-IoU detection per GT):")
+            rows.append(format_localisation(self.localisation))
         return "\n".join(rows)
 
     def to_json(self) -> dict:
@@ -84,6 +89,7 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
     collaborator, nobody (:mod:`opencood_ext.eval.visibility`), for every fusion method alike."""
     model.eval()
     vis = VisibilityRecall(0.5)
+    loc = LocalisationStats()
     vis_defined = True
     device = next(model.parameters()).device
     acc = APAccumulator()
@@ -106,6 +112,7 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
             vis_defined = groups is not None
             if vis_defined:
                 vis.add(groups, d.boxes.cpu().numpy(), d.scores.cpu().numpy(), gt.numpy())
+        loc.add(groups if vis_defined else None, d.boxes.cpu().numpy(), gt.numpy())
         if model.fusion == "early":
             sent.extend(batch.early_sent_bytes[0])
             collaborators += len(batch.early_sent_bytes[0])
@@ -128,7 +135,7 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         bytes_per_message=float(np.mean(sent)) if sent else 0.0, frames=n,
         seconds_per_frame=elapsed / max(n, 1), num_gt=res["global"].num_gt, num_pred=res["global"].num_pred,
         collaborators_per_frame=collaborators / max(n, 1), images=images,
-        recall_by_visibility=vis.summary() if vis_defined else None)
+        recall_by_visibility=vis.summary() if vis_defined else None, localisation=loc.summary())
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

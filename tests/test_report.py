@@ -16,7 +16,11 @@ def test_report_lists_rows_and_ego_only_column(tmp_path):
          "train_wall_s": 10, "trainable_params": 100, "note": "n"},
         {"method": "GenComm (m3 onboarded)", "eval": dict(_eval(0.6, 141004), recall_by_visibility={
             "ego": {"gt": 10, "recall": 0.8}, "collaborators_only": {"gt": 4, "recall": 0.25},
-            "nobody": {"gt": 0, "recall": None}}), "ego_only": _eval(0.4, 0),
+            "nobody": {"gt": 0, "recall": None}}, localisation={
+            "all": {"gt": 14, "found": 9, "mean_iou": 0.65, "share_iou_0.7": 0.333, "median_centre_m": 0.31,
+                    "median_length_m": 0.2, "median_width_m": 0.1, "median_yaw_deg": 9.25},
+            "collaborators_only": {"gt": 4, "found": 1, "mean_iou": 0.75, "share_iou_0.7": 1.0}}),
+         "ego_only": _eval(0.4, 0),
          "train_wall_s": 5, "trainable_params": 103156, "note": "stage 2 only", "run": str(run)},
         {"method": "Old run without the paired column", "eval": _eval(0.55, 10),
          "train_wall_s": 5, "trainable_params": 1, "note": ""},
@@ -27,7 +31,7 @@ def test_report_lists_rows_and_ego_only_column(tmp_path):
                "stage1_wall_s": {"m1": 50, "m3": 60}}
     report = write_report(results, tmp_path).read_text()
     lines = [ln for ln in report.splitlines() if ln.startswith("| GenComm")]
-    assert len(lines) == 2  # the comparison table, then the visibility table
+    assert len(lines) == 3  # the comparison table, the visibility table, the box-precision table
     cells = [c.strip() for c in lines[0].strip("|").split("|")]
     assert cells[1:4] == ["0.700", "0.600", "0.300"]
     assert cells[5] == "0.500 / 0.400 / 0.200"          # same weights, collaborators off
@@ -38,4 +42,5 @@ def test_report_lists_rows_and_ego_only_column(tmp_path):
     assert "training itself took 2 min" in report  # 10 + 5 + 50 + 60 + 5 s; GenComm's row is onboarding
     assert "| method | ego | collaborators only | nobody |" in report
     assert "| GenComm (m3 onboarded) | 0.800 of 10 | 0.250 of 4 | - |" in report
+    assert "| GenComm (m3 onboarded) | 9 of 14 | 0.650 | 0.33 | 0.31 m | 9.2 deg | 1.00 of 1 |" in report
     assert (tmp_path / "ap_vs_bytes.png").stat().st_size > 1000

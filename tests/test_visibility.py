@@ -79,3 +79,6 @@ def test_evaluate_reports_the_split(tmp_path):
     split = res.recall_by_visibility
     assert sum(v["gt"] for v in split.values()) == res.num_gt
     assert "recall@0.5 by who sees the object" in res.table()
+    loc = res.localisation  # box precision, split the same way
+    assert loc["all"]["gt"] == res.num_gt == sum(loc[g]["gt"] for g in split)
+    assert res.to_json()["localisation"] == loc
