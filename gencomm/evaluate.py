@@ -105,14 +105,15 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         batch = batch.to(device)
         dets, nbytes = model.predict(batch)
         d = dets[0]
-        gt = batch.gt_boxes[0].cpu()
-        acc.add(d.boxes.cpu(), d.scores.cpu(), gt)
+        gt = batch.gt_boxes[0].cpu().numpy()
+        boxes, scores = d.boxes.cpu().numpy(), d.scores.cpu().numpy()
+        acc.add(boxes, scores, gt)
         if vis_defined:
-            groups = visibility_groups(dataset, i, gt.numpy())
+            groups = visibility_groups(dataset, i, gt)
             vis_defined = groups is not None
             if vis_defined:
-                vis.add(groups, d.boxes.cpu().numpy(), d.scores.cpu().numpy(), gt.numpy())
-        loc.add(groups if vis_defined else None, d.boxes.cpu().numpy(), gt.numpy())
+                vis.add(groups, boxes, scores, gt)
+        loc.add(groups if vis_defined else None, boxes, gt)
         if model.fusion == "early":
             sent.extend(batch.early_sent_bytes[0])
             collaborators += len(batch.early_sent_bytes[0])
@@ -123,7 +124,7 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
             collaborators += len(collab) if model.fusion != "none" else 0
         if out_dir is not None and plot_every and i % plot_every == 0:
             path = Path(out_dir) / "bev" / f"{label or model.fusion}_{i:05d}.png"
-            _plot_frame(dataset, i, d.boxes.cpu().numpy(), gt.numpy(), path,
+            _plot_frame(dataset, i, boxes, gt, path,
                         f"{label or model.fusion}: {batch.scenarios[0]} / {batch.timestamps[0]} "
                         f"(green GT, red detections)")
             images.append(str(path))

@@ -8,6 +8,8 @@ from pathlib import Path
 import matplotlib
 import yaml
 
+from opencood_ext.eval.localisation import FOUND_IOU
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -84,7 +86,7 @@ def _localisation_table(rows) -> list:
     if not have:
         return []
     lines = ["", "Box precision of the objects each method finds (best-IoU detection per test object, found = "
-             "IoU >= 0.3; yaw modulo 180 deg): what separates AP@0.7 from AP@0.5:", "",
+             f"IoU >= {FOUND_IOU}; yaw modulo 180 deg): what separates AP@0.7 from AP@0.5:", "",
              "| method | found | mean IoU | share reaching IoU 0.7 | median centre error | median yaw error | "
              "share reaching 0.7, collaborator-only objects |", "|---|---|---|---|---|---|---|"]
     for r in have:
