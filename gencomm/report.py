@@ -33,7 +33,8 @@ def _note(row: dict) -> str:
         return f"{row['note']}; {path} missing"
     cfg = yaml.safe_load(path.read_text())
     model, train = cfg.get("model", {}), cfg.get("train", {})
-    text = f"{train.get('epochs', '?')} epochs"
+    epochs = train.get("epochs", "?")
+    text = f"{epochs} epoch{'' if epochs == 1 else 's'}"
     if model.get("fusion") == "intermediate":
         text += f", {model.get('fusion_op', '?')} fusion"
     return f"{row['note']}; {text}" if row["note"] else text
