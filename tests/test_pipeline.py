@@ -221,3 +221,31 @@ def test_early_fusion_model_runs_ego_only_with_a_collaborator_type_it_has_no_enc
     bad = _dataset(model, "ego_only", types=("m3", "m1", "m1"))
     with pytest.raises(ValueError, match="type m3, for which the model has no LiDAR encoder"):
         bad[0]
+
+
+def test_collaborator_frame_ego_encodes_on_the_ego_grid(tmp_path):
+    """collaborator_frame "ego": a collaborator's voxels are its points moved into the (augmented)
+    ego frame and its pose is identity, so nothing gets warped; "own" keeps its sensor frame."""
+    model = CooperativeDetector({"m1": PP}, RANGE)
+    own = _dataset(model, "all", train=True, augment=True)
+    ego = _dataset(model, "all", train=True, augment=True, collaborator_frame="ego")
+    torch.manual_seed(5)
+    s_own = own[0]
+    torch.manual_seed(5)
+    s_ego = ego[0]
+    np.testing.assert_allclose(s_own.gt_boxes, s_ego.gt_boxes)  # same augmentation draw
+    frame = own.reader[0]
+    for k in (1, 2):
+        assert not np.allclose(s_own.agents[k].T_ego_from_agent, np.eye(4), atol=1e-3)
+        np.testing.assert_allclose(s_ego.agents[k].T_ego_from_agent, np.eye(4), atol=1e-6)
+        moved = transform_points(s_own.agents[k].T_ego_from_agent.astype(np.float64), frame.agents[k].lidar)
+        want = own.voxelizers["m1"](moved.astype(np.float32))
+        got = s_ego.agents[k].voxels
+        assert {tuple(c) for c in got.coords.tolist()} == {tuple(c) for c in want.coords.tolist()}
+        assert len(got.coords) > 50
+    bad = tmp_path / "data.yaml"
+    bad.write_text("collaborator_frame: sender\n")
+    from opencood_ext.config import load_config
+    with pytest.raises(ValueError, match="collaborator_frame"):
+        load_config(bad, DataConfig)
+

@@ -70,6 +70,12 @@ class DataConfig:
         ``{hetero_root: ...}`` for OPV2V-H.
     class_groups: multi-class detection instead: ``{class_name: [object types]}``;
         the class index is the group's position (V2X-Real's super-classes).
+    collaborator_frame: where a LiDAR collaborator encodes its scan. "own" (the
+        field's intermediate fusion): in its own sensor frame; the receiver warps
+        the BEV feature to the ego grid. "ego": the collaborator first moves its
+        points into the ego frame, so its feature already lies on the ego grid and
+        nothing is resampled (needs the receiver's pose at the sender; used to
+        measure what warping a feature map costs, see README).
     """
 
     def class_table(self) -> Dict[str, int]:
@@ -95,6 +101,7 @@ class DataConfig:
     skip_bad_frames: bool = False
     max_frames: Optional[int] = None
     reader_options: Dict[str, Any] = field(default_factory=dict)
+    collaborator_frame: Literal["own", "ego"] = "own"
 
 
 @dataclass
@@ -306,8 +313,10 @@ class CooperativeDataset(Dataset):
                 spec = self.cfg.agent_types[t]
                 T = T_augego_from_world @ a.T_world_from_lidar
                 pts = self.lidar_points(a, spec.lidar_beams) if spec.sensor == "lidar" else None
-                if a is ego and pts is not None and not np.allclose(T, np.eye(4)):
-                    # move the ego's own points into the augmented frame so its feature needs no warp
+                move = a is ego or self.cfg.collaborator_frame == "ego"
+                if move and pts is not None and not np.allclose(T, np.eye(4)):
+                    # the ego's own points go into the augmented frame so its feature needs no warp
+                    # (and every LiDAR agent's, with collaborator_frame "ego")
                     pts, T = transform_points(T, pts), np.eye(4)
                 elif pts is not None and a.is_rsu and a is not ego:
                     pts, T = self._virtual_lidar(pts, T, a, ego)
