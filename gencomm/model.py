@@ -69,6 +69,10 @@ class CooperativeDetector(nn.Module):
     pos_iou / neg_iou: target assignment thresholds (one, or one per class).
     loss: DetectionLoss arguments. depth_weight: LSS depth supervision weight.
     score_threshold / nms_iou / max_boxes: post-processing (FORMATS.md section 4).
+    post_fusion_layers: 3x3 conv-BN-ReLU layers (C -> C) between fusion and the 1x1 head,
+        for every fusion method alike (0: the head reads each fused cell alone). A warped
+        collaborator feature says its boxes' sub-cell offsets and yaw in the sender's grid and
+        axes; only layers that see neighbouring cells can read the rotated map (README).
     """
 
     def __init__(self, agent_types: Dict[str, dict], lidar_range,
@@ -77,7 +81,8 @@ class CooperativeDetector(nn.Module):
                  anchors: Optional[dict] = None, pos_iou: Union[float, List[float]] = 0.6,
                  neg_iou: Union[float, List[float]] = 0.45,
                  loss: Optional[dict] = None, depth_weight: float = 1.0,
-                 score_threshold: float = 0.2, nms_iou: float = 0.15, max_boxes: int = 150):
+                 score_threshold: float = 0.2, nms_iou: float = 0.15, max_boxes: int = 150,
+                 post_fusion_layers: int = 0):
         super().__init__()
         if not agent_types:
             raise ValueError("model.agent_types is empty: name at least one agent type")
@@ -103,6 +108,12 @@ class CooperativeDetector(nn.Module):
                           agent_types=list(agent_types), lidar_range=self.lidar_range) \
             if fusion == "intermediate" else None
         self.fuse = (AttFusion(self.channels) if fusion_op == "att" else MaxFusion())
+        if post_fusion_layers < 0:
+            raise ValueError(f"model.post_fusion_layers must be >= 0, got {post_fusion_layers}")
+        self.post_fusion = nn.Sequential(*[
+            nn.Sequential(nn.Conv2d(self.channels, self.channels, 3, padding=1, bias=False),
+                          nn.BatchNorm2d(self.channels), nn.ReLU(inplace=True))
+            for _ in range(post_fusion_layers)])
         self.anchor_gen = AnchorGenerator(self.lidar_range, self.grid.shape, **dict(anchors or {}))
         self.register_buffer("anchors", self.anchor_gen.flat(), persistent=False)
         self.head = AnchorHead(self.channels, num_anchors_per_loc=self.anchor_gen.num_per_loc,
@@ -139,9 +150,9 @@ class CooperativeDetector(nn.Module):
         if self.fusion == "intermediate":
             link = self.link(feats, batch)
             fused = self.fuse(link.features, batch.agents_per_sample, link.valid)
-            return ModelOutput(self.head(fused), depth_logits=depth, link=link)
+            return ModelOutput(self.head(self.post_fusion(fused)), depth_logits=depth, link=link)
         ego = warp_to_ego(feats[ego_index], batch.T_ego_from_agent[ego_index].to(feats.device), self.lidar_range)
-        return ModelOutput(self.head(ego), depth_logits=depth)
+        return ModelOutput(self.head(self.post_fusion(ego)), depth_logits=depth)
 
     # ------------------------------------------------------------------ loss
     def targets(self, gt_boxes: List[Tensor], gt_classes: List[Tensor]) -> Targets:
@@ -177,7 +188,7 @@ class CooperativeDetector(nn.Module):
         nbytes = torch.zeros(n, dtype=torch.long)
         if self.fusion == "late":
             feats, _ = self.encode(batch)  # every agent detects in its own frame
-            per_agent = decode_detections(self.head(feats), self.anchors, coder=self.coder, **self.post)
+            per_agent = decode_detections(self.head(self.post_fusion(feats)), self.anchors, coder=self.coder, **self.post)
             dets = []
             start = 0
             ego_index = batch.ego_index.tolist()

@@ -249,3 +249,23 @@ def test_collaborator_frame_ego_encodes_on_the_ego_grid(tmp_path):
     with pytest.raises(ValueError, match="collaborator_frame"):
         load_config(bad, DataConfig)
 
+
+@pytest.mark.parametrize("fusion, cooperation", [("none", "ego_only"), ("late", "all"), ("intermediate", "all")])
+def test_post_fusion_layers_sit_before_the_head_for_every_method(fusion, cooperation):
+    torch.manual_seed(0)
+    plain = CooperativeDetector({"m1": PP}, RANGE, fusion=fusion)
+    assert not [k for k in plain.state_dict() if k.startswith("post_fusion")]  # old checkpoints still load
+    model = CooperativeDetector({"m1": PP}, RANGE, fusion=fusion, post_fusion_layers=2)
+    assert sum(isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3) for m in model.post_fusion.modules()) == 2
+    seen = []
+    model.post_fusion.register_forward_hook(lambda mod, inp, out: seen.append(tuple(inp[0].shape)))
+    b = collate_samples([_dataset(model, "ego_only" if fusion == "late" else cooperation, train=True)[0]])
+    model.loss(model(b), b).total.backward()
+    assert seen == [(1, 16, 40, 40)]
+    assert model.post_fusion[0][0].weight.grad.abs().sum() > 0
+    model.eval()
+    seen.clear()
+    model.predict(collate_samples([_dataset(model, cooperation)[0]]))
+    assert seen == [(3 if fusion == "late" else 1, 16, 40, 40)]  # late: every agent's own map
+    with pytest.raises(ValueError, match="post_fusion_layers"):
+        CooperativeDetector({"m1": PP}, RANGE, post_fusion_layers=-1)
