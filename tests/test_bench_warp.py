@@ -63,3 +63,24 @@ def test_virtual_pose_sees_the_same_points_and_warps_back():
     torch.testing.assert_close(back[..., inner, inner], plain[..., inner, inner], atol=1e-9, rtol=0)
     ego_pts = ds.lidar_points(frame.agents[0], 64)
     assert virt.num_points == len(ego_pts)
+
+
+def test_bench_runs_on_a_trained_run_folder(tmp_path):
+    """tools/bench.py warp end to end on a one-epoch tiny run: identity pose = plain detection."""
+    from tiny_runs import tiny_config, tiny_dataset
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import train
+    from bench.warp_sensitivity import main
+    torch.set_num_threads(1)
+    root = tiny_dataset(tmp_path / "data")
+    cfg = tiny_config(tmp_path, root, "tiny_warp", {"m1": PP}, {"fusion": "intermediate",
+                                                                 "link": {"type": "full_feature"}})
+    run = tmp_path / "run"
+    assert train.main(["-y", str(cfg), "--model_dir", str(run), "--set", "model.score_threshold=0.0"]) == 0
+    res = main(["--model_dir", str(run), "--poses", "0,0,0;0,0,30", "--max_frames", "2"])
+    assert res["frames"] == 2 and res["fusion_op"] == "AttFusion"
+    # identity: the copy IS the ego's input, so alone and fused read the same
+    assert res["alone_dx0_dy0_yaw0"] == res["fused_dx0_dy0_yaw0"]
+    assert "AP " in res["alone_dx0_dy0_yaw30"]
+    with pytest.raises(ValueError, match="readings"):
+        main(["--model_dir", str(run), "--readings", "both"])
