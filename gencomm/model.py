@@ -144,15 +144,20 @@ class CooperativeDetector(nn.Module):
                 depth[t] = out.depth_logits
         return feats, depth
 
+    def detect(self, bev: Tensor) -> HeadOutput:
+        """(N, C, H, W) fused (or single-agent) BEV maps -> head maps: the post-fusion layers,
+        then the 1x1 head. Every detection path goes through here (training, late fusion, live demo)."""
+        return self.head(self.post_fusion(bev))
+
     def forward(self, batch) -> ModelOutput:
         feats, depth = self.encode(batch)
         ego_index = batch.ego_index.to(feats.device)
         if self.fusion == "intermediate":
             link = self.link(feats, batch)
             fused = self.fuse(link.features, batch.agents_per_sample, link.valid)
-            return ModelOutput(self.head(self.post_fusion(fused)), depth_logits=depth, link=link)
+            return ModelOutput(self.detect(fused), depth_logits=depth, link=link)
         ego = warp_to_ego(feats[ego_index], batch.T_ego_from_agent[ego_index].to(feats.device), self.lidar_range)
-        return ModelOutput(self.head(self.post_fusion(ego)), depth_logits=depth)
+        return ModelOutput(self.detect(ego), depth_logits=depth)
 
     # ------------------------------------------------------------------ loss
     def targets(self, gt_boxes: List[Tensor], gt_classes: List[Tensor]) -> Targets:
@@ -188,7 +193,7 @@ class CooperativeDetector(nn.Module):
         nbytes = torch.zeros(n, dtype=torch.long)
         if self.fusion == "late":
             feats, _ = self.encode(batch)  # every agent detects in its own frame
-            per_agent = decode_detections(self.head(self.post_fusion(feats)), self.anchors, coder=self.coder, **self.post)
+            per_agent = decode_detections(self.detect(feats), self.anchors, coder=self.coder, **self.post)
             dets = []
             start = 0
             ego_index = batch.ego_index.tolist()

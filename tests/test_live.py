@@ -50,3 +50,13 @@ def test_full_feature_link_and_unsupported_fusion():
     assert r.received == 2 and r.bytes_sent[0] > 8 * 32 * 32 * 4
     with pytest.raises(ValueError, match="live demo runs"):
         LiveCooperation(live.cfg, CooperativeDetector({"m1": PP}, RANGE, fusion="late"))
+
+
+def test_live_detection_goes_through_the_post_fusion_layers():
+    live = _setup(link="full_feature")
+    model = CooperativeDetector(**{**live.cfg.model, "post_fusion_layers": 1}, lidar_range=RANGE)
+    live = LiveCooperation(live.cfg, model, ChannelEffects())
+    seen = []
+    model.post_fusion.register_forward_hook(lambda mod, inp, out: seen.append(tuple(inp[0].shape)))
+    assert live.step(make_frame(seed=0)).received == 2
+    assert seen == [(1, 8, 40, 40)]

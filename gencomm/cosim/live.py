@@ -102,7 +102,7 @@ class LiveCooperation:
                                torch.cat([torch.ones(1, 1, H, W), valid]))
         else:
             fused = ego_feat
-        det = decode_detections(model.head(fused), model.anchors, coder=model.coder,
+        det = decode_detections(model.detect(fused), model.anchors, coder=model.coder,
                                 gt_range=model.lidar_range, **model.post)[0]
         self.acc.add(det.boxes, det.scores, sample.gt_boxes)
         self.ticks += 1
