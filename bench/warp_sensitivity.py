@@ -58,11 +58,8 @@ def parse_poses(text: str) -> List[Tuple[float, float, float]]:
 
 def pose_matrix(dx: float, dy: float, yaw_deg: float) -> np.ndarray:
     """(4, 4) virtual sensor pose in the ego frame: rotate by yaw about z, then translate."""
-    a = math.radians(yaw_deg)
-    M = np.eye(4)
-    M[:2, :2] = [[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]]
-    M[:2, 3] = [dx, dy]
-    return M
+    from opencood_ext.geometry import pose_to_matrix
+    return pose_to_matrix([dx, dy, 0.0, 0.0, yaw_deg, 0.0])
 
 
 def virtual_input(dataset, frame, M: np.ndarray):
@@ -114,6 +111,7 @@ def main(argv=None) -> dict:
     for i in tqdm(range(n), desc="warp benchmark"):
         frame = dataset.read_frame(i)
         sample = dataset[i]  # the ego alone, un-warped, with the evaluation GT
+        own = sample.agents[0]
         gt = sample.gt_boxes.astype(np.float64)
         gt = gt[np.hypot(gt[:, 0], gt[:, 1]) <= radius]
         for k, (dx, dy, yaw) in enumerate(poses):
@@ -124,7 +122,7 @@ def main(argv=None) -> dict:
                     sample.agents = [copy]
                 else:
                     set_fusion(model, "intermediate")
-                    sample.agents = [dataset[i].agents[0], copy]
+                    sample.agents = [own, copy]
                 dets, _ = model.predict(collate_samples([sample]))
                 boxes, scores = dets[0].boxes.numpy(), dets[0].scores.numpy()
                 inside = np.hypot(boxes[:, 0], boxes[:, 1]) <= radius
