@@ -1,6 +1,7 @@
-"""Installs two packages: ``opencood_ext`` (the OpenCOOD-compatible substrate:
-configs, geometry, dataset formats, detection models, evaluation) and
-``gencomm`` (the generative-communication method, co-simulation and tools)."""
+"""Installs two packages: ``opencood_ext`` (the OpenCOOD-compatible substrate any
+cooperative-perception method needs: configs, data and the simulator, encoders,
+detector, wire format, training engine, evaluation) and ``gencomm`` (the
+generative-communication method and its experiment)."""
 from pathlib import Path
 
 from setuptools import find_packages, setup

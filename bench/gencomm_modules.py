@@ -18,10 +18,10 @@ from typing import Callable, Dict
 
 import torch
 
-from gencomm.comm import Message, decode, encode
-from gencomm.deform_conv import deform_conv2d
+from opencood_ext.comm import Message, decode, encode
+from opencood_ext.models.deform_conv import deform_conv2d
 from gencomm.enhancer import ChannelEnhancer
-from gencomm.flops import count_parameters, profile_flops
+from opencood_ext.eval.flops import count_parameters, profile_flops
 from gencomm.generator import SpatialAwareFeatureGenerator
 from gencomm.message import DeformableMessageExtractor
 

@@ -19,8 +19,8 @@ from dataclasses import replace
 import numpy as np
 import open3d as o3d
 
-from gencomm.cosim.builtin import AgentParams, BuiltinWorld, SimConfig
-from gencomm.cosim.camera import CameraModel
+from opencood_ext.sim.builtin import AgentParams, BuiltinWorld, SimConfig
+from opencood_ext.sim.camera import CameraModel
 from opencood_ext.geometry import pose_to_matrix
 
 

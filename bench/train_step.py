@@ -58,7 +58,7 @@ def main(argv=None) -> dict:
     device = torch.device(args.device)
     from opencood_ext.data.batch import collate_samples
     from opencood_ext.data.dataset import CooperativeDataset
-    from gencomm.experiment import build_model, cooperation_for, load_experiment
+    from opencood_ext.experiment import build_model, cooperation_for, load_experiment
     from synthetic import SyntheticReader
 
     res = {}

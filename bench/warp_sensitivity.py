@@ -89,8 +89,8 @@ def main(argv=None) -> dict:
     from opencood_ext.data.batch import collate_samples
     from opencood_ext.eval.ap import APAccumulator
     from opencood_ext.eval.localisation import LocalisationStats
-    from gencomm.experiment import build_dataset
-    from gencomm.runs import load_run, set_fusion
+    from opencood_ext.experiment import build_dataset
+    from opencood_ext.runs import load_run, set_fusion
 
     cfg, model = load_run(args.model_dir)
     poses = parse_poses(args.poses)

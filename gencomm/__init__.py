@@ -1,4 +1,18 @@
 """GenComm: generative communication for heterogeneous cooperative perception
-(message extractor, diffusion feature generator, channel enhancer, wire format,
-training stages, co-simulation)."""
+(NeurIPS 2025), the method and its experiment.
+
+* :mod:`.message` the Deformable Message Extractor (sender, one per agent type);
+* :mod:`.generator` the Spatial-Aware Feature Generator (receiver, conditional diffusion);
+* :mod:`.enhancer` the Channel Enhancer (receiver);
+* :mod:`.link` the GenComm link, registered as ``model.link.type: gencomm``
+  in :data:`opencood_ext.models.links.LINKS` when this package is imported;
+* :mod:`.onboarding` stage 2, a new agent type joining an alliance;
+* :mod:`.reproduce` / :mod:`.report` the main job and its REPORT.md.
+
+Everything a cooperative-perception method needs besides (data, simulator,
+encoders, detector, wire format, training engine, evaluation) is in
+:mod:`opencood_ext`.
+"""
+from . import link  # noqa: F401  (registers the GenComm link)
+
 __version__ = "0.1.0"

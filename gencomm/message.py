@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from gencomm.deform_conv import DeformConv2d
+from opencood_ext.models.deform_conv import DeformConv2d
 
 
 class SqueezeExcitation(nn.Module):

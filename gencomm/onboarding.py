@@ -24,10 +24,10 @@ from typing import Dict, List, Sequence
 
 from opencood_ext.config import config_from_dict, config_to_dict
 
-from .experiment import ExperimentConfig, build_model, load_experiment
-from .runs import checkpoint_of
-from .training.checkpoint import load_model_state
-from .training.freeze import FreezePolicy
+from opencood_ext.experiment import ExperimentConfig, build_model, load_experiment
+from opencood_ext.runs import checkpoint_of
+from opencood_ext.training.checkpoint import load_model_state
+from opencood_ext.training.freeze import FreezePolicy
 
 log = logging.getLogger(__name__)
 

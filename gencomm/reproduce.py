@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .training.runlog import training_wall_time
+from opencood_ext.training.runlog import training_wall_time
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def ego_only(run: Path, fusion: str, res: dict, profile: Profile) -> dict:
 
 
 def count_trainable(run: Path) -> int:
-    from .runs import load_run
+    from opencood_ext.runs import load_run
     _, model = load_run(run)
     return sum(p.numel() for p in model.parameters())
 

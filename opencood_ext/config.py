@@ -19,7 +19,7 @@ A config file is plain YAML whose keys mirror a dataclass schema::
   file gives the same object.
 
 Adding a section: add a dataclass field to the experiment schema
-(``gencomm.experiment.ExperimentConfig``); nothing else to register.
+(``opencood_ext.experiment.ExperimentConfig``); nothing else to register.
 """
 from __future__ import annotations
 

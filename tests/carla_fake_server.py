@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import carla
 import numpy as np
 
-from gencomm.cosim import carla_convert as cc
+from opencood_ext.sim import carla_convert as cc
 from opencood_ext.geometry.transforms import invert_transform, matrix_to_pose
 
 

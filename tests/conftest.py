@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+import gencomm  # noqa: F401  (registers the GenComm link, as the tools do)
+
 
 @pytest.fixture(scope="module")
 def one_thread():

@@ -4,11 +4,11 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from gencomm.cosim.agent_types import AgentTypesConfig
-from gencomm.cosim.builtin import AgentParams, SimConfig
-from gencomm.cosim.roads import RoadParams
-from gencomm.cosim.town import TownParams
-from gencomm.cosim.traffic import TrafficParams
+from opencood_ext.sim.agent_types import AgentTypesConfig
+from opencood_ext.sim.builtin import AgentParams, SimConfig
+from opencood_ext.sim.roads import RoadParams
+from opencood_ext.sim.town import TownParams
+from opencood_ext.sim.traffic import TrafficParams
 
 ARTIFACTS = Path("/tmp/gencomm_test_artifacts")
 

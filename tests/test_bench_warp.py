@@ -9,7 +9,7 @@ import torch
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
 from opencood_ext.data.augment import AugmentConfig
 from opencood_ext.models.warp import warp_to_ego
-from gencomm.model import CooperativeDetector
+from opencood_ext.models.detector import CooperativeDetector
 from synthetic import SyntheticReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

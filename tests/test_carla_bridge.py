@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gencomm.cosim import carla_convert as cc
-from gencomm.cosim.world import AgentInfo, CameraSpec, LidarSpec
+from opencood_ext.sim import carla_convert as cc
+from opencood_ext.sim.world import AgentInfo, CameraSpec, LidarSpec
 from opencood_ext.geometry.boxes import object_corners_world
 from opencood_ext.geometry.transforms import invert_transform, pose_to_matrix
 
@@ -234,7 +234,7 @@ def test_visible_ids_counts_points_inside_boxes():
 # ----------------------------------------------------------------------------- the frame queue
 
 def test_frame_queue_matches_frames_and_times_out():
-    from gencomm.cosim.carla_bridge import FrameQueue, SensorTimeout
+    from opencood_ext.sim.carla_bridge import FrameQueue, SensorTimeout
 
     fq = FrameQueue()
     put_lidar, put_cam = fq.callback((1, "lidar")), fq.callback((1, "rgb:camera0"))
@@ -266,7 +266,7 @@ def _closed_port() -> int:
 
 
 def test_connect_to_closed_port_raises_carla_unavailable():
-    from gencomm.cosim.carla_bridge import CarlaUnavailable, connect
+    from opencood_ext.sim.carla_bridge import CarlaUnavailable, connect
 
     port = _closed_port()
     t0 = time.monotonic()
@@ -279,7 +279,7 @@ def test_connect_to_closed_port_raises_carla_unavailable():
 
 
 def test_world_validates_arguments_before_connecting():
-    from gencomm.cosim.carla_bridge import CarlaWorld
+    from opencood_ext.sim.carla_bridge import CarlaWorld
 
     with pytest.raises(ValueError, match="agent_types is empty"):
         CarlaWorld(agent_types={})
@@ -288,7 +288,7 @@ def test_world_validates_arguments_before_connecting():
 
 
 def test_destroy_actors_stops_sensors_then_destroys_sensors_first():
-    from gencomm.cosim.carla_bridge import destroy_actors
+    from opencood_ext.sim.carla_bridge import destroy_actors
 
     events = []
 
@@ -324,7 +324,7 @@ def test_destroy_actors_stops_sensors_then_destroys_sensors_first():
 # ----------------------------------------------------------------------------- bookkeeping (fake server)
 
 def test_world_bookkeeping_on_a_fake_server(monkeypatch):
-    from gencomm.cosim.carla_bridge import CarlaWorld
+    from opencood_ext.sim.carla_bridge import CarlaWorld
 
     from carla_fake_server import FakeServer
 
@@ -364,7 +364,7 @@ def test_world_bookkeeping_on_a_fake_server(monkeypatch):
 
 @pytest.mark.carla_server
 def test_live_server_few_ticks():
-    from gencomm.cosim.carla_bridge import CarlaUnavailable, CarlaWorld, connect
+    from opencood_ext.sim.carla_bridge import CarlaUnavailable, CarlaWorld, connect
 
     host, port = os.environ.get("CARLA_HOST", "127.0.0.1"), int(os.environ.get("CARLA_PORT", "2000"))
     reason = f"no CARLA server at {host}:{port} (start one with docker compose, see README)"

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from gencomm.training import checkpoint as C
-from gencomm.training.checkpoint import (CheckpointError, CheckpointPaths, atomic_write_bytes, capture_rng_state,
+from opencood_ext.training import checkpoint as C
+from opencood_ext.training.checkpoint import (CheckpointError, CheckpointPaths, atomic_write_bytes, capture_rng_state,
                                          load_checkpoint, load_model_state, restore_rng_state, save_checkpoint)
 
 

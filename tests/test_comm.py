@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from gencomm import comm
-from gencomm.comm import ChannelEffects, Message, MessageError, decode, encode, message_nbytes, receive_all
+from opencood_ext.comm import wire as comm
+from opencood_ext.comm import ChannelEffects, Message, MessageError, decode, encode, message_nbytes, receive_all
 from opencood_ext.geometry.transforms import pose_to_matrix
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset
-from gencomm.experiment import build_model, cooperation_for, load_experiment
+from opencood_ext.experiment import build_model, cooperation_for, load_experiment
 from synthetic import SyntheticReader
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -35,7 +35,7 @@ def _deform_inputs():
 
 
 def test_deform_conv_on_cuda_matches_cpu():
-    from gencomm.deform_conv import deform_conv2d
+    from opencood_ext.models.deform_conv import deform_conv2d
 
     x, offset, mask, weight, bias = _deform_inputs()
     grads = {}
@@ -50,7 +50,7 @@ def test_deform_conv_on_cuda_matches_cpu():
 
 
 def test_deform_conv_on_cuda_matches_torchvision():
-    from gencomm.deform_conv import deform_conv2d
+    from opencood_ext.models.deform_conv import deform_conv2d
 
     tv_ops = pytest.importorskip("torchvision.ops", reason="torchvision is not installed beside this torch")
     x, offset, mask, weight, bias = (t.cuda() for t in _deform_inputs())
@@ -69,7 +69,7 @@ def test_gencomm_stage1_onboarding_and_inference_on_cuda(tmp_path, capsys):
                           modality=f"all:{t}")
         runs[t] = tmp_path / f"s1_{t}"
         assert train.main(["-y", str(cfg), "--model_dir", str(runs[t])]) == 0
-    from gencomm.training.checkpoint import load_checkpoint
+    from opencood_ext.training.checkpoint import load_checkpoint
     state = load_checkpoint(runs["m1"] / "checkpoints" / "latest.pth")["model"]
     assert all(v.device.type == "cpu" for v in state.values())
     log = [json.loads(ln) for ln in (runs["m1"] / "train_log.jsonl").read_text().splitlines()]
@@ -85,7 +85,7 @@ def test_gencomm_stage1_onboarding_and_inference_on_cuda(tmp_path, capsys):
 
 
 def test_second_on_cuda_with_cpu_only_spconv_says_what_to_install():
-    from opencood_ext.models.inputs import LidarInput
+    from opencood_ext.data.inputs import LidarInput
     from opencood_ext.models.second import SPCONV_CPU_ONLY, SecondEncoder
 
     if not SPCONV_CPU_ONLY:

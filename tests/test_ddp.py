@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gencomm.training.checkpoint import load_checkpoint
-from gencomm.training.distributed import init_distributed, is_main_process
+from opencood_ext.training.checkpoint import load_checkpoint
+from opencood_ext.training.distributed import init_distributed, is_main_process
 import toy_training
 
 TOY_SCRIPT = Path(toy_training.__file__)

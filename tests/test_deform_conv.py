@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from gencomm.deform_conv import DeformConv2d, deform_conv2d
+from opencood_ext.models.deform_conv import DeformConv2d, deform_conv2d
 
 
 def _bilinear(img, y, x):

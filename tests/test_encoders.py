@@ -10,7 +10,7 @@ from torch import nn
 from opencood_ext.data.voxelize import Voxelizer, collate_voxels
 from opencood_ext.models import REGISTRY, EncoderStack, build
 from opencood_ext.models.backbone import ResNetBEVBackbone
-from opencood_ext.models.inputs import CameraInput, LidarInput
+from opencood_ext.data.inputs import CameraInput, LidarInput
 from opencood_ext.models.lss import LSSEncoder, depth_loss, frustum_points, splat
 from opencood_ext.models.pointpillars import PillarFeatureNet, PointPillarEncoder, scatter_to_bev
 from opencood_ext.models.second import SecondEncoder, install_cpu_stream_shim

@@ -3,8 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from gencomm.training import FreezePolicy, TrainConfig, Trainer
-from gencomm.training.freeze import resolve_policy
+from opencood_ext.training import FreezePolicy, TrainConfig, Trainer
+from opencood_ext.training.freeze import resolve_policy
 from toy_training import ToyDataset, ToyModel, collate
 
 

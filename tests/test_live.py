@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from opencood_ext.data.dataset import AgentTypeData, DataConfig
-from gencomm.comm import ChannelEffects
-from gencomm.cosim.live import LiveCooperation
-from gencomm.experiment import ExperimentConfig
-from gencomm.model import CooperativeDetector
+from opencood_ext.comm import ChannelEffects
+from opencood_ext.sim.live import LiveCooperation
+from opencood_ext.experiment import ExperimentConfig
+from opencood_ext.models.detector import CooperativeDetector
 from synthetic import make_frame
 
 RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)

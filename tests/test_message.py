@@ -3,8 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from gencomm.deform_conv import DeformConv2d
-from gencomm.flops import count_flops, count_parameters, profile_flops
+from opencood_ext.models.deform_conv import DeformConv2d
+from opencood_ext.eval.flops import count_flops, count_parameters, profile_flops
 from gencomm.message import DeformableMessageExtractor
 
 

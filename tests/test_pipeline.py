@@ -8,7 +8,7 @@ from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
 from opencood_ext.geometry import points_in_boxes, transform_points
 
-from gencomm.model import CooperativeDetector, transform_boxes
+from opencood_ext.models.detector import CooperativeDetector, transform_boxes
 from synthetic import SyntheticReader
 
 torch.set_num_threads(1)

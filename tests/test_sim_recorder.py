@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gencomm.cosim.agent_types import DEFAULT_PATH, AgentTypesConfig, load_agent_types
-from gencomm.cosim.recorder import MARKER_DIR, MODALITY_JSON, scenario_seed, split_plan
+from opencood_ext.sim.agent_types import DEFAULT_PATH, AgentTypesConfig, load_agent_types
+from opencood_ext.sim.recorder import MARKER_DIR, MODALITY_JSON, scenario_seed, split_plan
 from opencood_ext.config import ConfigError
 from opencood_ext.data.formats import OPV2VReader
 
@@ -133,8 +133,8 @@ def test_inspect_data_plots_the_simulated_dataset(recorded, tmp_path):
 def test_backend_neutral_entry_points(tmp_path):
     """What other backends and tools use: per-type rigs as a mapping, keyword
     overrides of the world config, record_world into one split."""
-    from gencomm.cosim.builtin import BuiltinWorld
-    from gencomm.cosim.recorder import record_world
+    from opencood_ext.sim.builtin import BuiltinWorld
+    from opencood_ext.sim.recorder import record_world
 
     from sim_common import small_config
 

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import yaml
 
-from gencomm.cosim import meshes as M
-from gencomm.cosim.agent_types import AgentTypesConfig
-from gencomm.cosim.camera import CameraModel
-from gencomm.cosim.lidar import LidarModel
-from gencomm.cosim.scene import RayScene, SurfaceTable
-from gencomm.cosim.world import CameraSpec, LidarSpec, project_points
+from opencood_ext.sim import meshes as M
+from opencood_ext.sim.agent_types import AgentTypesConfig
+from opencood_ext.sim.camera import CameraModel
+from opencood_ext.sim.lidar import LidarModel
+from opencood_ext.sim.scene import RayScene, SurfaceTable
+from opencood_ext.sim.world import CameraSpec, LidarSpec, project_points
 from opencood_ext.geometry import invert_transform, pose_to_matrix
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "v2xset_real" / "validate" \

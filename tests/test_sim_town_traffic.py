@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from gencomm.cosim.roads import RoadParams, generate_roads
-from gencomm.cosim.town import TownParams, generate_town
-from gencomm.cosim.traffic import Traffic, TrafficParams
-from gencomm.cosim.vehicles import BY_NAME, INSET, vehicle_mesh
+from opencood_ext.sim.roads import RoadParams, generate_roads
+from opencood_ext.sim.town import TownParams, generate_town
+from opencood_ext.sim.traffic import Traffic, TrafficParams
+from opencood_ext.sim.vehicles import BY_NAME, INSET, vehicle_mesh
 
 
 def _junction_kinds(net):

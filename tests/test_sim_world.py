@@ -5,9 +5,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gencomm.cosim.builtin import AgentParams, BuiltinWorld
-from gencomm.cosim.camera import CameraModel
-from gencomm.cosim.world import CameraSpec, World, project_points
+from opencood_ext.sim.builtin import AgentParams, BuiltinWorld
+from opencood_ext.sim.camera import CameraModel
+from opencood_ext.sim.world import CameraSpec, World, project_points
 from opencood_ext.geometry import (boxes_to_corners, invert_transform, objects_to_boxes, pose_to_matrix,
                                    points_in_boxes)
 

@@ -77,7 +77,7 @@ def test_gencomm_stage1_then_onboarding(dataset, tmp_path, capsys):
     again = json.loads((out / "onboarding.json").read_text())
     assert again["onboarding_wall_time_s"] == report["onboarding_wall_time_s"]
     # everything but m3's message extractor is unchanged from stage 1
-    from gencomm.training.checkpoint import load_checkpoint
+    from opencood_ext.training.checkpoint import load_checkpoint
     s1 = load_checkpoint(runs["m1"] / "checkpoints" / "latest.pth")["model"]
     s2 = load_checkpoint(out / "checkpoints" / "latest.pth")["model"]
     for k, v in s1.items():
@@ -122,6 +122,6 @@ def test_torchrun_two_processes_with_the_real_detector(dataset, tmp_path):
                                "CUDA_VISIBLE_DEVICES": ""})   # CPU ranks even on a GPU machine
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run / "checkpoints" / "latest.pth").exists() and (run / "config.yaml").exists()
-    from gencomm.training.checkpoint import load_checkpoint
+    from opencood_ext.training.checkpoint import load_checkpoint
     state = load_checkpoint(run / "checkpoints" / "latest.pth")
     assert state["world_size"] == 2

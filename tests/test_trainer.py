@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gencomm.training import LossOutput, TrainConfig, Trainer
-from gencomm.training.checkpoint import load_checkpoint
+from opencood_ext.training import LossOutput, TrainConfig, Trainer
+from opencood_ext.training.checkpoint import load_checkpoint
 from opencood_ext.config import ConfigError, load_config
 import toy_training
 from toy_training import ToyDataset, ToyModel, collate

@@ -67,8 +67,8 @@ def test_recall_accumulates_per_group():
 
 
 def test_evaluate_reports_the_split(tmp_path):
-    from gencomm.evaluate import evaluate
-    from gencomm.model import CooperativeDetector
+    from opencood_ext.eval.evaluate import evaluate
+    from opencood_ext.models.detector import CooperativeDetector
     torch.manual_seed(0)
     pp = {"encoder": {"type": "pointpillars", "voxel_size": [0.8, 0.8, 4.0], "num_filters": [16]},
           "backbone": {"layer_nums": [1], "layer_strides": [2], "num_filters": [16], "upsample_strides": [1],

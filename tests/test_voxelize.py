@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from opencood_ext.data.voxelize import VoxelData, Voxelizer, collate_voxels, grid_shape
-from opencood_ext.models.inputs import CameraInput, LidarInput
+from opencood_ext.data.inputs import CameraInput, LidarInput
 
 RANGE = [-4.0, -2.0, -3.0, 4.0, 2.0, 1.0]
 

@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gencomm.training import LossOutput, TrainConfig, Trainer  # noqa: E402
+from opencood_ext.training import LossOutput, TrainConfig, Trainer  # noqa: E402
 
 
 @dataclass
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    import gencomm.training.trainer as trainer_mod
+    import opencood_ext.training.trainer as trainer_mod
     saves = []
     real_save = trainer_mod.save_checkpoint
 
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
            "seen": train_set.seen, "saves": saves, "backend": trainer.dist.backend}
     torch.save(model.state_dict(), f"{args.out}.rank{rank}.pt")
     Path(f"{args.out}.rank{rank}.json").write_text(json.dumps(out))
-    from gencomm.training import cleanup
+    from opencood_ext.training import cleanup
     cleanup()
     return 0
 

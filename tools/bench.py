@@ -15,6 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import gencomm  # noqa: E402,F401  (registers the GenComm link with opencood_ext)
+
 # name -> (module in bench/, one-line description). Explicit on purpose.
 BENCHMARKS = {
     "pcd": ("bench.pcd_parse", "ASCII PCD parsing MB/s on the fixture vs numpy.loadtxt"),

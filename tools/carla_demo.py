@@ -24,6 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import gencomm  # noqa: E402,F401  (registers the GenComm link with opencood_ext)
+
 log = logging.getLogger("carla_demo")
 
 
@@ -42,10 +44,10 @@ def _add_backend_args(p):
 
 def open_world(args):
     """-> (world, backend name). ``auto`` falls back to the built-in world with a message."""
-    from gencomm.cosim.agent_types import load_agent_types
+    from opencood_ext.sim.agent_types import load_agent_types
     types = load_agent_types()
     if args.backend in ("auto", "carla"):
-        from gencomm.cosim.carla_bridge import CarlaUnavailable, CarlaWorld
+        from opencood_ext.sim.carla_bridge import CarlaUnavailable, CarlaWorld
         try:
             world = CarlaWorld(host=args.host, port=args.port, timeout_s=args.timeout, town=args.town,
                                agent_types=types, num_agents=args.agents, seed=args.seed,
@@ -57,17 +59,17 @@ def open_world(args):
                 raise
             print(f"[carla_demo] {exc}\n[carla_demo] no CARLA server: running the built-in world instead",
                   file=sys.stderr)
-    from gencomm.cosim.builtin import BuiltinWorld
+    from opencood_ext.sim.builtin import BuiltinWorld
     world = BuiltinWorld(agent_types=types, num_agents=args.agents, cameras=not args.no_cameras)
     world.reset(args.seed)
     return world, "builtin"
 
 
 def cmd_live(args) -> int:
-    from gencomm.comm import ChannelEffects
-    from gencomm.cosim.live import LiveCooperation
-    from gencomm.cosim.live_view import LiveView
-    from gencomm.runs import load_run
+    from opencood_ext.comm import ChannelEffects
+    from opencood_ext.sim.live import LiveCooperation
+    from opencood_ext.sim.live_view import LiveView
+    from opencood_ext.runs import load_run
 
     try:
         cfg, model = load_run(args.model_dir)
@@ -106,7 +108,7 @@ def cmd_live(args) -> int:
 
 
 def cmd_record(args) -> int:
-    from gencomm.cosim.recorder import record
+    from opencood_ext.sim.recorder import record
     world, backend = open_world(args)
     try:
         res = record(world, args.out, args.scenarios, args.frames, args.seed, split_ratio=args.split_ratio,

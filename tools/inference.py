@@ -17,6 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import gencomm  # noqa: E402,F401  (registers the GenComm link with opencood_ext)
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -30,9 +32,9 @@ def main(argv=None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from gencomm.evaluate import evaluate
-    from gencomm.experiment import build_dataset
-    from gencomm.runs import load_run, set_fusion
+    from opencood_ext.eval.evaluate import evaluate
+    from opencood_ext.experiment import build_dataset
+    from opencood_ext.runs import load_run, set_fusion
 
     try:
         cfg, model = load_run(args.model_dir, args.overrides)
@@ -44,7 +46,7 @@ def main(argv=None) -> int:
     split = args.split or cfg.eval.split
     max_frames = args.max_frames if args.max_frames is not None else cfg.eval.max_frames
     if args.dynamic:
-        from gencomm.dynamic import format_dynamic, run_dynamic
+        from opencood_ext.eval.dynamic import format_dynamic, run_dynamic
         order = [t.strip() for t in args.dynamic.split(",") if t.strip()]
         try:
             rows = run_dynamic(cfg, model, order, split, out_dir=args.model_dir, max_frames=max_frames)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import gencomm  # noqa: E402,F401  (registers the GenComm link with opencood_ext)
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,11 +36,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from opencood_ext.config import ConfigError, dump_config
-    from gencomm.experiment import build_dataset, collate
+    from opencood_ext.experiment import build_dataset, collate
     from gencomm.onboarding import build_onboarding_model, plan_onboarding
-    from gencomm.training.runlog import training_wall_time
-    from gencomm.training import distributed as D
-    from gencomm.training.trainer import Trainer
+    from opencood_ext.training.runlog import training_wall_time
+    from opencood_ext.training import distributed as D
+    from opencood_ext.training.trainer import Trainer
 
     try:
         plan = plan_onboarding(args.ego, args.new, args.overrides, args.epochs, args.hypes_yaml)

@@ -20,11 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataclasses import replace  # noqa: E402
 
-from gencomm.cosim.agent_types import DEFAULT_PATH, load_agent_types  # noqa: E402
-from gencomm.cosim.builtin import LAYOUTS, AgentParams, BuiltinWorld, SimConfig  # noqa: E402
-from gencomm.cosim.recorder import record  # noqa: E402
-from gencomm.cosim.town import TownParams  # noqa: E402
-from gencomm.cosim.traffic import TrafficParams  # noqa: E402
+from opencood_ext.sim.agent_types import DEFAULT_PATH, load_agent_types  # noqa: E402
+from opencood_ext.sim.builtin import LAYOUTS, AgentParams, BuiltinWorld, SimConfig  # noqa: E402
+from opencood_ext.sim.recorder import record  # noqa: E402
+from opencood_ext.sim.town import TownParams  # noqa: E402
+from opencood_ext.sim.traffic import TrafficParams  # noqa: E402
 
 
 def _size(text: str):

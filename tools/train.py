@@ -19,6 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import gencomm  # noqa: E402,F401  (registers the GenComm link with opencood_ext)
+
 from opencood_ext.config import ConfigError, dump_config  # noqa: E402
 
 
@@ -35,9 +37,9 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from gencomm.experiment import build_dataset, build_model, collate, load_experiment
-    from gencomm.training import distributed as D
-    from gencomm.training.trainer import Trainer
+    from opencood_ext.experiment import build_dataset, build_model, collate, load_experiment
+    from opencood_ext.training import distributed as D
+    from opencood_ext.training.trainer import Trainer
 
     resume_cfg = args.model_dir / "config.yaml" if args.model_dir else None
     try:

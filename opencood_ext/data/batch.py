@@ -14,7 +14,7 @@ from typing import Dict, List, Union
 import numpy as np
 import torch
 
-from ..models.inputs import CameraInput, LidarInput
+from .inputs import CameraInput, LidarInput
 from .dataset import Sample
 from .voxelize import collate_voxels
 

@@ -59,7 +59,8 @@ from .anchors import AnchorGenerator, BoxCoder, Targets, assign_targets  # noqa:
 from .backbone import ResNetBEVBackbone, ShrinkConv  # noqa: E402
 from .encoder_stack import EncoderStack  # noqa: E402
 from .head import AnchorHead, HeadOutput  # noqa: E402
-from .inputs import CameraInput, EncoderOutput, LidarInput  # noqa: E402
+from ..data.inputs import CameraInput, LidarInput  # noqa: E402
+from .inputs import EncoderOutput  # noqa: E402
 from .losses import DetectionLoss, LossTerms  # noqa: E402
 from .lss import LSSEncoder  # noqa: E402
 from .pointpillars import PointPillarEncoder  # noqa: E402

@@ -11,7 +11,8 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
-from .inputs import CameraInput, EncoderOutput, LidarInput
+from ..data.inputs import CameraInput, LidarInput
+from .inputs import EncoderOutput
 
 
 @dataclass(frozen=True)

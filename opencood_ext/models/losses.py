@@ -11,7 +11,8 @@ costs nothing there; the direction bins resolve that ambiguity.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Dict
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,14 @@ def sigmoid_focal_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: float
     p_t = p * targets + (1 - p) * (1 - targets)
     alpha_t = alpha * targets + (1 - alpha) * (1 - targets)
     return alpha_t * (1 - p_t).pow(gamma) * ce
+
+
+@dataclass
+class LossOutput:
+    """What a model's ``loss(output, batch)`` returns (the training engine's contract):
+    ``total`` (scalar tensor to minimise), ``parts`` (name -> scalar tensor, for logging)."""
+    total: torch.Tensor
+    parts: Dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass

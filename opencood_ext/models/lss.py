@@ -32,7 +32,8 @@ from torch import nn
 
 from opencood_ext.data.voxelize import grid_shape
 
-from .inputs import CameraInput, EncoderOutput
+from ..data.inputs import CameraInput
+from .inputs import EncoderOutput
 
 
 def _conv_bn_relu(cin: int, cout: int, stride: int) -> nn.Sequential:

@@ -14,7 +14,8 @@ from torch import nn
 
 from opencood_ext.data.voxelize import grid_shape
 
-from .inputs import EncoderOutput, LidarInput
+from ..data.inputs import LidarInput
+from .inputs import EncoderOutput
 
 # x, y, z, intensity + offsets to the pillar's point mean (3) + offsets to the pillar centre (3)
 POINT_FEATURES = 10

@@ -25,7 +25,8 @@ from spconv.cppconstants import CPU_ONLY_BUILD as SPCONV_CPU_ONLY
 
 from opencood_ext.data.voxelize import grid_shape
 
-from .inputs import EncoderOutput, LidarInput
+from ..data.inputs import LidarInput
+from .inputs import EncoderOutput
 
 
 def _no_stream() -> int:

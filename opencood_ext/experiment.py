@@ -5,8 +5,8 @@ An experiment yaml has these sections (each a typed dataclass, see
 
     name: sim_m1_pointpillars
     data:  {...}      # opencood_ext.data.dataset.DataConfig
-    model: {...}      # gencomm.model.CooperativeDetector constructor arguments
-    train: {...}      # gencomm.training.trainer.TrainConfig
+    model: {...}      # opencood_ext.models.detector.CooperativeDetector constructor arguments
+    train: {...}      # opencood_ext.training.trainer.TrainConfig
     eval:  {...}      # EvalConfig below
     stage: {...}      # StageConfig below (stage-2 onboarding only)
 
@@ -25,7 +25,7 @@ from opencood_ext.data.dataset import CooperativeDataset, DataConfig
 from opencood_ext.data.formats import get_reader
 from opencood_ext.models import build
 
-from .model import CooperativeDetector
+from .models.detector import CooperativeDetector
 from .training.trainer import TrainConfig
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ Contract with the rest of the project
 - ``train_set`` / ``val_set``: map-style ``torch.utils.data.Dataset``s
   (``val_set`` may be None: no validation, no ``best.pth``).
 - ``param_filter``: None (train every parameter that requires grad), a
-  :class:`~gencomm.training.freeze.FreezePolicy`, or ``callable(model) ->
+  :class:`~opencood_ext.training.freeze.FreezePolicy`, or ``callable(model) ->
   iterable of trainable parameters``.
 
 Run folder (rank 0 writes; ``config.yaml`` is the CLI's)::
@@ -33,7 +33,7 @@ on CPU (RNG states are restored); with workers the data order is the same but
 worker-side augmentation draws are not.
 
 DDP: launch with torchrun; every rank builds the same model, the Trainer
-joins the process group (:func:`~gencomm.training.distributed.init_distributed`),
+joins the process group (:func:`~opencood_ext.training.distributed.init_distributed`),
 shards the data with ``DistributedSampler`` and wraps the model in
 ``DistributedDataParallel``. ``batch_size`` is per process. Call
 ``distributed.cleanup()`` at the end of the script. A non-finite loss raises
@@ -59,14 +59,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from .runlog import RunLog
-
+from ..models.losses import LossOutput
 from . import distributed as D
 from .checkpoint import (CheckpointError, CheckpointPaths, capture_rng_state, load_checkpoint,
                          restore_rng_state, save_checkpoint, seed_everything)
 from .freeze import PolicyLike, resolve_policy
+from .runlog import RunLog
 
-log = logging.getLogger("gencomm.training")
+log = logging.getLogger("opencood_ext.training")
 
 
 @dataclass
@@ -136,13 +136,6 @@ class TrainConfig:
             raise bad("lr_scheduler", "None, multistep or cosine")
         if self.lr_scheduler == "multistep" and (not self.milestones or self.milestones != sorted(self.milestones)):
             raise bad("milestones", "a non-empty increasing list of epochs for lr_scheduler=multistep")
-
-
-@dataclass
-class LossOutput:
-    """What ``model.loss`` returns: ``total`` (scalar tensor), ``parts`` (name -> scalar tensor)."""
-    total: torch.Tensor
-    parts: Dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""CARLA co-simulation backend: a :class:`~gencomm.cosim.world.World` on a CARLA server.
+"""CARLA co-simulation backend: a :class:`~opencood_ext.sim.world.World` on a CARLA server.
 
     with CarlaWorld(host="127.0.0.1", port=2000, agent_types=types, num_agents=4) as world:
         for _ in range(100):
@@ -11,7 +11,7 @@ anchor spawn point with each type's ``sensor.lidar.ray_cast`` (OPV2V-H's 32/16-r
 variants are cut from that sweep) and, for camera types, ``sensor.camera.rgb`` +
 ``sensor.camera.depth`` per camera, plus four-wheeled background traffic.
 ``tick()`` = two ``world.tick()``; every sensor's measurement OF THAT FRAME comes
-from a frame-keyed queue and is converted (:mod:`gencomm.cosim.carla_convert`).
+from a frame-keyed queue and is converted (:mod:`opencood_ext.sim.carla_convert`).
 
 Labels: every four-wheeled vehicle becomes an OPV2V :class:`ObjectLabel`. An
 agent's ``visible_ids`` are the vehicles (other than itself) with at least

@@ -9,7 +9,7 @@ Counted per forward call of each leaf layer:
 - Linear: out.numel() * in_features;
 - BatchNorm / GroupNorm / LayerNorm / InstanceNorm: 1 MAC per output element
   (the scale-and-shift);
-- DeformConv2d (gencomm.deform_conv): the contraction, out.numel() *
+- DeformConv2d (opencood_ext.models.deform_conv): the contraction, out.numel() *
   (C_in / groups) * kh * kw, PLUS bilinear sampling, 4 MACs per sampled value
   (N * C_in * kh*kw * H_out*W_out values), plus 1 more per value when
   modulated. Its offset conv is a Conv2d and is counted as one.
@@ -29,7 +29,7 @@ from typing import Any, Dict
 import torch
 from torch import nn
 
-from gencomm.deform_conv import DeformConv2d
+from opencood_ext.models.deform_conv import DeformConv2d
 
 _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.GroupNorm, nn.LayerNorm,
           nn.InstanceNorm1d, nn.InstanceNorm2d)

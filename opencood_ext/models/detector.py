@@ -34,7 +34,7 @@ from opencood_ext.models.warp import warp_to_ego
 from opencood_ext.postprocess import Detections, decode_detections
 
 from .links import LINKS, LinkOutput
-from .training.trainer import LossOutput
+from .losses import LossOutput
 
 BOX_BYTES = 8 * 4  # late fusion: 7 box values + score as float32
 

@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from .evaluate import EvalResult, evaluate
-from .experiment import ExperimentConfig, build_dataset
+from ..experiment import ExperimentConfig, build_dataset
 from .flops import count_flops, count_parameters
 
 

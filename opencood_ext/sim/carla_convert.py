@@ -3,7 +3,7 @@
 Nothing here talks to a server: functions take raw byte buffers, numpy
 arrays, or ``carla.Transform`` / ``Location`` / ``Rotation`` /
 ``BoundingBox`` values (or any object with the same attributes), which the
-``carla`` client library builds offline. :mod:`gencomm.cosim.carla_bridge`
+``carla`` client library builds offline. :mod:`opencood_ext.sim.carla_bridge`
 glues them to a live simulator.
 
 Frames (FORMATS.md section 1): CARLA's world and sensor frames are

@@ -3,7 +3,7 @@
 Camera frame: UE4 style like CARLA, x forward (optical axis), y right, z up;
 pixel ``(col, row)``'s ray goes through ``u = col + 0.5, v = row + 0.5``:
 direction ``(1, (u - cx) / fx, -(v - cy) / fy)``. This is the inverse of
-:func:`gencomm.cosim.world.project_points`, so a world point seen by the
+:func:`opencood_ext.sim.world.project_points`, so a world point seen by the
 camera projects into the pixel whose ray hit it.
 
 Shading: per-surface colour (ground material raster, facade windows) times

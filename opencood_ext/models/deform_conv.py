@@ -23,7 +23,7 @@ Layouts (torchvision's, read from its CPU kernel ``deform_conv2d_kernel.cpp``):
 - Input channels ``[g*C/G, (g+1)*C/G)`` use offset group ``g``; ``groups``
   splits channels for the weight as in ``nn.Conv2d``.
 
-Cost (MACs, the convention of :mod:`gencomm.flops`): sampling is 4 MACs per
+Cost (MACs, the convention of :mod:`opencood_ext.eval.flops`): sampling is 4 MACs per
 sampled value (C_in * kh*kw * H_out*W_out values, plus 1 for the mask when
 modulated); the contraction is C_out * (C_in/groups) * kh*kw * H_out*W_out.
 """

@@ -2,7 +2,7 @@
 
 Each tick: every agent of the ego's alliance encodes its own sensor data; the
 collaborators' messages (GenComm's 2-channel map, or the full feature) are
-serialised with :mod:`gencomm.comm` and pass through a channel with optional
+serialised with :mod:`opencood_ext.comm` and pass through a channel with optional
 latency, loss and pose noise; the ego decodes what arrived, places each message
 with the POSE IN ITS HEADER (so pose noise and stale messages act as they
 would on a road), generates features in its own space, fuses, and detects.

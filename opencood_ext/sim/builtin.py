@@ -87,7 +87,7 @@ class _Agent:
 
 
 class BuiltinWorld:
-    """:class:`gencomm.cosim.world.World` backend; see the module docstring."""
+    """:class:`opencood_ext.sim.world.World` backend; see the module docstring."""
 
     def __init__(self, config: Optional[SimConfig] = None, *, agent_types: Optional[AgentTypesConfig] = None,
                  num_agents: Optional[int] = None, cameras: Optional[bool] = None):
@@ -171,7 +171,7 @@ class BuiltinWorld:
         cfg, lid = self.cfg, self.cfg.sensors.lidar
         moving = self.traffic.moving()
         return {
-            "backend": "gencomm.cosim.builtin",
+            "backend": "opencood_ext.sim.builtin",
             "world": {"seed": self._seed, "fixed_delta_seconds": cfg.tick_seconds, "sync_mode": True,
                       "ticks_per_saved_frame": cfg.ticks_per_frame, "warmup_ticks": cfg.warmup_ticks},
             "sensing": {"lidar": {k: getattr(lid, k) for k in lid.carla_attributes()}

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Sequence, Tuple
 
 from .experiment import ExperimentConfig, build_model, load_experiment
-from .model import CooperativeDetector
+from .models.detector import CooperativeDetector
 from .training.checkpoint import load_model_state
 
 FUSION_ALIASES = {"no": "none", "none": "none", "late": "late", "early": "early", "intermediate": "intermediate"}

@@ -3,7 +3,8 @@ DDP via torchrun, tensorboard + jsonl logs) and stage policies (:class:`FreezePo
 from .checkpoint import CheckpointError, CheckpointPaths, load_checkpoint, load_model_state, seed_everything
 from .distributed import DistInfo, barrier, cleanup, init_distributed, is_main_process
 from .freeze import FreezePolicy, FreezeSummary
-from .trainer import LossOutput, TrainConfig, Trainer, TrainResult
+from ..models.losses import LossOutput
+from .trainer import TrainConfig, Trainer, TrainResult
 
 __all__ = ["Trainer", "TrainConfig", "TrainResult", "LossOutput", "FreezePolicy", "FreezeSummary",
            "CheckpointError", "CheckpointPaths", "load_checkpoint", "load_model_state", "seed_everything",

@@ -1,9 +1,9 @@
 """The World protocol every co-simulation backend implements, and the
 backend-neutral sensor specs.
 
-Two backends exist: :class:`gencomm.cosim.builtin.BuiltinWorld` (procedural
+Two backends exist: :class:`opencood_ext.sim.builtin.BuiltinWorld` (procedural
 town, Embree ray casting, no download) and a CARLA bridge. The recorder
-(:mod:`gencomm.cosim.recorder`) and the live demo consume either through this
+(:mod:`opencood_ext.sim.recorder`) and the live demo consume either through this
 protocol only.
 
 Frames and conventions (the same as CARLA / OPV2V, see FORMATS.md):

@@ -1,4 +1,4 @@
-"""Record any :class:`~gencomm.cosim.world.World` as an OPV2V-H dataset.
+"""Record any :class:`~opencood_ext.sim.world.World` as an OPV2V-H dataset.
 
 Layout (read back by :class:`opencood_ext.data.formats.OPV2VReader`)::
 
