@@ -62,8 +62,9 @@ def pose_matrix(dx: float, dy: float, yaw_deg: float) -> np.ndarray:
     return pose_to_matrix([dx, dy, 0.0, 0.0, yaw_deg, 0.0])
 
 
-def virtual_input(dataset, frame, M: np.ndarray):
-    """The ego's AgentInput recorded from pose M: points M^-1 p, T_ego_from_agent = M."""
+def virtual_input(dataset, frame, M: np.ndarray, T_world_from_ego: np.ndarray):
+    """The ego's AgentInput recorded from pose M (in the ego frame): points M^-1 p; its header pose
+    is the world pose of that virtual sensor, so a receiver computes T_ego_from_agent = M."""
     from opencood_ext.data.dataset import AgentInput
     from opencood_ext.geometry import invert_transform, transform_points
     ego = dataset.select_agents(frame, np.random.default_rng(0), with_collaborators=False)[0]
@@ -71,7 +72,7 @@ def virtual_input(dataset, frame, M: np.ndarray):
     if spec.sensor != "lidar":
         raise ValueError(f"the warp benchmark needs a LiDAR ego; ego type {ego.agent_type} is a {spec.sensor}")
     pts = transform_points(invert_transform(M), dataset.lidar_points(ego, spec.lidar_beams))
-    return AgentInput(ego.agent_id, ego.agent_type, M.astype(np.float32),
+    return AgentInput(ego.agent_id, ego.agent_type, T_world_from_ego @ M,
                       voxels=dataset.voxelizers[ego.agent_type](pts.astype(np.float32)), num_points=len(pts))
 
 
@@ -100,7 +101,7 @@ def main(argv=None) -> dict:
         raise ValueError(f"--readings: unknown {sorted(bad)}; choose from alone, fused")
     if "fused" in readings and model.link is None:
         raise ValueError(f"{args.model_dir} has no intermediate-fusion link; use --readings alone")
-    dataset = build_dataset(cfg, model, args.split or cfg.eval.split, train=False, fusion="none")
+    dataset = build_dataset(cfg, args.split or cfg.eval.split, train=False, fusion="none")
     r = cfg.data.lidar_range
     shift = max(math.hypot(dx, dy) for dx, dy, _ in poses)
     radius = args.radius if args.radius is not None else 0.95 * min(r[3], -r[0], r[4], -r[1]) - shift
@@ -115,7 +116,7 @@ def main(argv=None) -> dict:
         gt = sample.gt_boxes.astype(np.float64)
         gt = gt[np.hypot(gt[:, 0], gt[:, 1]) <= radius]
         for k, (dx, dy, yaw) in enumerate(poses):
-            copy = virtual_input(dataset, frame, pose_matrix(dx, dy, yaw))
+            copy = virtual_input(dataset, frame, pose_matrix(dx, dy, yaw), np.linalg.inv(sample.T_ego_from_world))
             for rd in readings:
                 if rd == "alone":
                     set_fusion(model, "none")
@@ -123,7 +124,7 @@ def main(argv=None) -> dict:
                 else:
                     set_fusion(model, "intermediate")
                     sample.agents = [own, copy]
-                dets, _ = model.predict(collate_samples([sample]))
+                dets = model.predict(collate_samples([sample])).detections
                 boxes, scores = dets[0].boxes.numpy(), dets[0].scores.numpy()
                 inside = np.hypot(boxes[:, 0], boxes[:, 1]) <= radius
                 acc[(k, rd)].add(boxes[inside], scores[inside], gt)

@@ -3,9 +3,9 @@
 frame, generates a feature in its own semantic space with its Spatial-Aware
 Feature Generator, and refines it with its Channel Enhancer.
 
-In evaluation (``not self.training``) every collaborator's payload really goes
-through :mod:`opencood_ext.comm` (encode -> bytes -> decode); a rejected packet
-drops that collaborator and the receiver carries on.
+The sender / receiver interface is :mod:`opencood_ext.models.links`'s; the
+fusion method (:mod:`opencood_ext.models.fusion_methods`) moves the messages
+between them, over the wire at inference.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Dict, List, Literal, Optional
 import torch
 from torch import Tensor, nn
 
-from opencood_ext.models.links import LINKS, LinkOutput, _ego_mask, _through_wire
-from opencood_ext.models.warp import warp_mask, warp_to_ego
+from opencood_ext.models.links import LINKS
+from opencood_ext.models.warp import warp_to_ego
 
 from .enhancer import ChannelEnhancer
 from .generator import SpatialAwareFeatureGenerator, generation_loss
@@ -41,6 +41,8 @@ class GenCommLink(nn.Module):
     wire_dtype: payload dtype on the wire in evaluation: float32, float16, int8.
     """
 
+    kind = "bev"
+
     def __init__(self, channels: int, agent_types: List[str], lidar_range,
                  message: Optional[dict] = None, generator: Optional[dict] = None,
                  enhancer: Optional[dict] = None, warp_before_generation: bool = True,
@@ -56,20 +58,14 @@ class GenCommLink(nn.Module):
                                                                    message_channels=msg_ch, **generator)
                                    for t in agent_types})
         self.enhancer = nn.ModuleDict({t: ChannelEnhancer(channels=channels, **enhancer) for t in agent_types})
-        self.message_channels = msg_ch
+        self.payload_channels = msg_ch
         self.warp_before_generation = warp_before_generation
         self.generation_weight = float(generation_weight)
         self.wire_dtype = wire_dtype
 
-    def add_type(self, name: str, channels: int, message: Optional[dict] = None) -> None:
-        """Give a NEW agent type a message extractor (stage-2 onboarding)."""
-        if name in self.dme:
-            raise ValueError(f"agent type {name} already has a message extractor")
-        self.dme[name] = DeformableMessageExtractor(in_channels=channels, **dict(message or {}))
-
-    def messages(self, features: Tensor, agent_types: List[str]) -> Tensor:
-        """(N, C, H, W) sender features -> (N, m, H, W) messages, each by its type's DME."""
-        out = features.new_zeros(features.shape[0], self.message_channels, *features.shape[-2:])
+    def send(self, features: Tensor, agent_types: List[str]) -> Tensor:
+        """Sender side: (n, C, H, W) features -> (n, m, H, W) messages, each by its type's DME."""
+        out = features.new_zeros(features.shape[0], self.payload_channels, *features.shape[-2:])
         for t in dict.fromkeys(agent_types):
             if t not in self.dme:
                 raise KeyError(f"agent type {t} has no message extractor; known: {sorted(self.dme)}")
@@ -77,58 +73,28 @@ class GenCommLink(nn.Module):
             out[idx] = self.dme[t](features[idx])
         return out
 
-    def generate(self, messages: Tensor, T_ego_from_sender: Tensor, ego_feature: Tensor,
-                 receiver_types: List[str]) -> Tensor:
-        """The receiver side, batched over collaborators.
-
-        messages: (n, m, H, W) as sent, each in its sender's frame.
-        T_ego_from_sender: (n, 4, 4); ego_feature: (n, C, H, W) the receiving ego's own
-        feature (ego frame) for each message; receiver_types: (n,) the ego's type.
-        Returns (n, C, H, W) generated, enhanced features in the ego frame.
-        """
-        n, _, H, W = messages.shape
+    def receive(self, payload: Tensor, T_ego_from_sender: Tensor, ego_feature: Tensor,
+                receiver_types: List[str], valid: Tensor) -> Tensor:
+        """Receiver side, batched over messages (:mod:`opencood_ext.models.links`): warp each
+        message into the receiver's frame, generate a feature in the receiver's own space from
+        it and the receiver's own feature, enhance; zero outside the cells the sender covers."""
+        n, _, H, W = payload.shape
         gen = ego_feature.new_zeros(n, ego_feature.shape[1], H, W)
-        cond = warp_to_ego(messages, T_ego_from_sender, self.lidar_range) if self.warp_before_generation \
-            else messages
+        cond = warp_to_ego(payload, T_ego_from_sender, self.lidar_range) if self.warp_before_generation \
+            else payload
         for r in dict.fromkeys(receiver_types):
             if r not in self.safg:
                 raise KeyError(f"receiver type {r} has no feature generator; known: {sorted(self.safg)}")
-            sel = torch.as_tensor([k for k, t in enumerate(receiver_types) if t == r], device=messages.device)
+            sel = torch.as_tensor([k for k, t in enumerate(receiver_types) if t == r], device=payload.device)
             gen[sel] = self.enhancer[r](self.safg[r](cond[sel], ego_feature[sel]).feature)
         if not self.warp_before_generation:
             gen = warp_to_ego(gen, T_ego_from_sender, self.lidar_range)
-        return gen
+        return gen * valid
 
-    def forward(self, features: Tensor, batch) -> LinkOutput:
-        n, C, H, W = features.shape
-        device = features.device
-        T = batch.T_ego_from_agent
-        ego_index = batch.ego_index.to(device)
-        ego = _ego_mask(n, ego_index, device)
-        sample = batch.sample_index.to(device)
-        collab = (~ego).nonzero().flatten()
-        # only collaborators send: the egos' rows stay zero (and never reach the DMEs' BatchNorm)
-        msg = features.new_zeros(n, self.message_channels, H, W)
-        if len(collab):
-            msg = msg.index_copy(0, collab, self.messages(
-                features[collab], [batch.agent_types[int(i)] for i in collab]))
-        nbytes, dropped = torch.zeros(n, dtype=torch.long), []
-        if not self.training:
-            rows = [i for i in range(n) if not ego[i]]
-            msg, nbytes, dropped = _through_wire(msg, batch.agent_ids, batch.agent_types, rows, T, self.wire_dtype)
-        valid = warp_mask(T, self.lidar_range, (H, W), device=device)
-        for r in dropped:
-            valid[r] = 0
-        # the ego keeps its real feature (warped only when augmentation rotated a camera ego)
-        ego_feat_b = warp_to_ego(features[ego_index], T[ego_index], self.lidar_range)  # (B, C, H, W)
-        out = features.index_copy(0, ego_index, ego_feat_b)
-        losses: Dict[str, Tensor] = {}
-        if len(collab):
-            receiver_of = [batch.agent_types[int(ego_index[int(sample[i])])] for i in collab]
-            ego_feat = ego_feat_b[sample[collab]]  # (n_c, C, H, W) receiver's own feature, ego frame
-            gen = self.generate(msg[collab], T[collab], ego_feat, receiver_of) * valid[collab]
-            out = out.index_copy(0, collab, gen)
-            if self.generation_weight > 0 and self.training:
-                target = warp_to_ego(features[collab].detach(), T[collab], self.lidar_range)
-                losses["generation"] = self.generation_weight * generation_loss(gen, target, valid[collab])
-        return LinkOutput(out, valid, losses, nbytes, dropped)
+    def losses(self, received: Tensor, sender_features: Tensor, T_ego_from_sender: Tensor,
+               valid: Tensor) -> Dict[str, Tensor]:
+        """Stage 1: MSE between each generated feature and the sender's real one warped to the ego."""
+        if self.generation_weight <= 0 or not len(received):
+            return {}
+        target = warp_to_ego(sender_features.detach(), T_ego_from_sender, self.lidar_range)
+        return {"generation": self.generation_weight * generation_loss(received, target, valid)}

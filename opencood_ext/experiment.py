@@ -14,6 +14,7 @@ To add a section, add a field here.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,8 @@ from opencood_ext.config import ConfigError, load_config
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset, DataConfig
 from opencood_ext.data.formats import get_reader
-from opencood_ext.models import build
+from opencood_ext.models import build, voxel_sizes
+from opencood_ext.models.fusion_methods import FUSION_METHODS, FusionMethod
 
 from .models.detector import CooperativeDetector
 from .training.trainer import TrainConfig
@@ -71,18 +73,29 @@ def load_experiment(path, overrides: Sequence[str] = ()) -> ExperimentConfig:
 
 
 def build_model(cfg: ExperimentConfig) -> CooperativeDetector:
+    """The ``model:`` section built through the registry; the detection area and the voxel caps
+    of each LiDAR type (where the receiver voxelises) are derived from ``data:``."""
+    caps = {t: (s.max_points_per_voxel, s.max_voxels) for t, s in cfg.data.agent_types.items()
+            if s.sensor == "lidar"}
     try:
         return build(cfg.model, {"cooperative": CooperativeDetector}, "model", default_type="cooperative",
-                     lidar_range=list(cfg.data.lidar_range))
+                     lidar_range=list(cfg.data.lidar_range), voxel_caps=caps)
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(f"experiment '{cfg.name}': {exc}") from None
 
 
+def fusion_method(cfg: ExperimentConfig, name: Optional[str] = None) -> FusionMethod:
+    """The registered fusion method ``name`` (default: the config's ``model.fusion``)."""
+    name = name or cfg.model.get("fusion", "intermediate")
+    try:
+        return FUSION_METHODS.get_class(name, "model.fusion")()
+    except ValueError as exc:
+        raise ConfigError(f"experiment '{cfg.name}': {exc}") from None
+
+
 def cooperation_for(fusion: str, train: bool) -> str:
-    """Which agents a sample carries for a fusion method."""
-    if fusion == "none" or (fusion == "late" and train):
-        return "ego_only"
-    return "early" if fusion == "early" else "all"
+    """Which agents a dataset sample holds for fusion method ``fusion``: "ego_only", "all" or "early"."""
+    return FUSION_METHODS.get_class(fusion, "model.fusion")().dataset_agents(train)
 
 
 def reader_kwargs(data: DataConfig) -> Dict[str, object]:
@@ -102,20 +115,27 @@ def reader_kwargs(data: DataConfig) -> Dict[str, object]:
     return kw
 
 
-def build_dataset(cfg: ExperimentConfig, model: CooperativeDetector, split: str, train: bool,
-                  fusion: Optional[str] = None) -> CooperativeDataset:
-    """Dataset of ``split`` for ``model`` (voxel sizes come from its encoders)."""
-    fusion = fusion or model.fusion
+def build_dataset(cfg: ExperimentConfig, split: str, train: bool, fusion: Optional[str] = None,
+                  latency_frames: int = 0) -> CooperativeDataset:
+    """Dataset of ``split`` for the config's model (or for fusion method ``fusion``): which agents
+    a sample holds comes from the fusion method, voxel sizes from ``model.agent_types`` (no model
+    is built). A method that trains with a random ego (late fusion: each agent's detector learns
+    its own view) gets ``data.random_ego`` for its training set, said in the log."""
+    method = fusion_method(cfg, fusion)
     data = cfg.data
-    if fusion == "late" and train and not data.random_ego:
-        log.info("late fusion: training each agent's own detector with a random ego per sample")
-        data = type(data)(**{**data.__dict__, "random_ego": True})
+    if method.random_ego_in_training and train and not data.random_ego:
+        log.info("%s fusion trains with a random vehicle ego per sample (data.random_ego)", method.name)
+        data = dataclasses.replace(data, random_ego=True)
     try:
         reader = get_reader(data.format, data.root, split, **reader_kwargs(data))
     except TypeError as exc:
         raise ConfigError(f"experiment '{cfg.name}': data.reader_options: {exc}") from None
-    return CooperativeDataset(reader, data, model.voxel_sizes(), train=train,
-                              cooperation=cooperation_for(fusion, train), seed=cfg.train.seed)
+    try:
+        sizes = voxel_sizes(cfg.model)
+    except ValueError as exc:
+        raise ConfigError(f"experiment '{cfg.name}': {exc}") from None
+    return CooperativeDataset(reader, data, sizes, train=train, cooperation=method.dataset_agents(train),
+                              seed=cfg.train.seed, latency_frames=latency_frames)
 
 
 collate = collate_samples

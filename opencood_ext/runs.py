@@ -8,7 +8,7 @@ from .experiment import ExperimentConfig, build_model, load_experiment
 from .models.detector import CooperativeDetector
 from .training.checkpoint import load_model_state
 
-FUSION_ALIASES = {"no": "none", "none": "none", "late": "late", "early": "early", "intermediate": "intermediate"}
+FUSION_ALIASES = {"no": "none"}  # OpenCOOD's spelling of the none method
 
 
 def checkpoint_of(run_dir: Path) -> Path:
@@ -33,11 +33,6 @@ def load_run(run_dir, overrides: Sequence[str] = ()) -> Tuple[ExperimentConfig, 
 
 
 def set_fusion(model: CooperativeDetector, method: str) -> None:
-    """Run a trained model with another fusion method (e.g. late fusion of an ego-only detector)."""
-    fusion = FUSION_ALIASES.get(method)
-    if fusion is None:
-        raise ValueError(f"unknown fusion method {method!r}; choose from {sorted(FUSION_ALIASES)}")
-    if fusion == "intermediate" and model.link is None:
-        raise ValueError("this model was trained without an intermediate-fusion link; "
-                         "it can run no, late or early fusion")
-    model.fusion = fusion
+    """Run a trained model with another fusion method (e.g. late fusion of an ego-only detector;
+    "no" is accepted for "none", as OpenCOOD's ``--fusion_method no``)."""
+    model.set_fusion(FUSION_ALIASES.get(method, method))

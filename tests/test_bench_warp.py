@@ -39,8 +39,9 @@ def test_parse_poses_and_pose_matrix():
 def test_identity_pose_is_the_plain_ego_input():
     _, ds = _dataset()
     frame = ds.read_frame(0)
-    plain, virt = ds[0].agents[0], virtual_input(ds, frame, np.eye(4))
-    np.testing.assert_allclose(virt.T_ego_from_agent, np.eye(4))
+    sample = ds[0]
+    plain, virt = sample.agents[0], virtual_input(ds, frame, np.eye(4), np.linalg.inv(sample.T_ego_from_world))
+    np.testing.assert_allclose(sample.T_ego_from_world @ virt.T_world_from_agent, np.eye(4), atol=1e-9)
     assert torch.equal(virt.voxels.coords, plain.voxels.coords)
     assert torch.equal(virt.voxels.voxels, plain.voxels.voxels)
 
@@ -49,8 +50,9 @@ def test_virtual_pose_sees_the_same_points_and_warps_back():
     _, ds = _dataset()
     frame = ds.read_frame(0)
     M = pose_matrix(3.2, -1.6, 90.0)  # whole voxels and a quarter turn: the warp is exact
-    virt = virtual_input(ds, frame, M)
-    np.testing.assert_allclose(virt.T_ego_from_agent, M, atol=1e-6)
+    T_ego_from_world = ds[0].T_ego_from_world
+    virt = virtual_input(ds, frame, M, np.linalg.inv(T_ego_from_world))
+    np.testing.assert_allclose(T_ego_from_world @ virt.T_world_from_agent, M, atol=1e-6)
     # occupancy of the virtual voxels, warped back with T = M, equals the ego's own occupancy
     def occupancy(vox):
         g = torch.zeros(1, 1, 80, 80, dtype=torch.float64)

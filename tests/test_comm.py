@@ -24,7 +24,7 @@ def _msg(shape=(2, 6, 9), seed=0, **kw):
 def _repack(data, payload_bytes=None, **changes):
     """Rebuild a packet with some header fields / payload changed and both CRCs valid."""
     f = list(comm.HEADER.unpack(data[:comm.HEADER.size]))
-    names = {"magic": 0, "version": 1, "code": 2, "shape": slice(23, 26)}
+    names = {"magic": 0, "version": 1, "code": 2, "kind": 3, "type": 5, "scale": 26, "shape": slice(23, 26)}
     for k, v in changes.items():
         if k == "pose":
             f[7:23] = list(np.asarray(v, dtype=np.float64).reshape(-1))
@@ -93,7 +93,7 @@ def test_wrong_shape_and_dtype_rejected():
     data = encode(_msg())
     with pytest.raises(MessageError, match="does not match shape"):
         decode(_repack(data, shape=[2, 6, 10]))
-    with pytest.raises(MessageError, match="bad payload shape"):
+    with pytest.raises(MessageError, match="every size >= 1"):
         decode(_repack(data, shape=[0, 6, 9]))
     with pytest.raises(MessageError, match="dtype code"):
         decode(_repack(data, code=9))
@@ -101,7 +101,7 @@ def test_wrong_shape_and_dtype_rejected():
         decode(_repack(data, version=2))
     with pytest.raises(MessageError, match="magic"):
         decode(_repack(data, magic=b"XXXX"))
-    with pytest.raises(MessageError, match=r"\(m, H, W\)"):
+    with pytest.raises(MessageError, match="3 dimensions"):
         encode(_msg(payload=torch.zeros(4, 4)))
 
 
@@ -173,3 +173,68 @@ def test_channel_drop_latency_and_pose_noise():
     assert all(torch.equal(o.payload, s.payload) for o, s in zip(out, src))
     with pytest.raises(ValueError):
         ChannelEffects(drop_prob=1.5)
+
+
+# ---------------------------------------------------------------- payload kinds and receiver limits
+@pytest.mark.parametrize("kind,payload", [
+    ("boxes", np.arange(3 * 9, dtype=np.float32).reshape(3, 9)),
+    ("boxes", np.zeros((0, 9), np.float32)),
+    ("points", np.random.default_rng(0).normal(size=(1, 50, 4)).astype(np.float32)),
+])
+def test_boxes_and_points_round_trip(kind, payload):
+    out = decode(encode(_msg(payload=payload, kind=kind)))
+    assert out.kind == kind
+    np.testing.assert_array_equal(out.payload.numpy(), payload.reshape(1, -1, payload.shape[-1]))
+
+
+def test_codes_round_trip_exact_and_only_as_integers():
+    codes = np.random.default_rng(1).integers(0, 300, size=(2, 5, 7))
+    out = decode(encode(_msg(payload=codes, kind="codes"), "uint16"))
+    assert out.kind == "codes" and out.payload.dtype == torch.int64
+    np.testing.assert_array_equal(out.payload.numpy(), codes)
+    assert len(encode(_msg(payload=codes % 256, kind="codes"), "uint8")) == comm.HEADER_SIZE + codes.size
+    with pytest.raises(MessageError, match=r"\[0, 255\]"):
+        encode(_msg(payload=codes, kind="codes"), "uint8")
+    with pytest.raises(MessageError, match="cannot be sent"):
+        encode(_msg(payload=codes, kind="codes"), "float16")
+    with pytest.raises(MessageError, match="cannot be sent"):
+        encode(_msg(), "uint8")
+
+
+def test_unknown_kind_and_kind_shape_mismatch_rejected():
+    data = encode(_msg())
+    with pytest.raises(MessageError, match="kind code"):
+        decode(_repack(data, kind=7))
+    with pytest.raises(MessageError, match=r"\(1, P, 9\)"):
+        decode(_repack(data, kind=1))  # a (2, 6, 9) map declared as boxes
+
+
+def test_int8_scale_that_overflows_is_rejected():
+    """A legal-looking int8 packet whose scale makes the decoded values infinite (issue 18)."""
+    data = encode(_msg(), "int8")
+    with pytest.raises(MessageError, match="int8 scale"):
+        decode(_repack(data, scale=3.5e38))
+
+
+def test_magnitude_bound_and_size_bound():
+    big = _msg(payload=torch.full((1, 2, 2), 3e38))
+    data = encode(big)  # legal on the wire
+    assert decode(data).payload.max() > 1e38
+    with pytest.raises(MessageError, match="magnitude"):
+        decode(data, comm.Limits(max_abs=1e4))
+    small = encode(_msg(shape=(2, 6, 9)))
+    with pytest.raises(MessageError, match="larger than this receiver accepts"):
+        decode(small, comm.Limits(max_elements=2 * 6 * 8))
+
+
+def test_size_bound_checked_before_allocation():
+    """A header announcing a huge payload is refused from the header alone (no body needed)."""
+    head = _repack(encode(_msg()), shape=[2, 600, 600])[:comm.HEADER_SIZE]
+    with pytest.raises(MessageError, match="larger than this receiver accepts"):
+        decode(head, comm.Limits(max_elements=10_000))
+
+
+def test_nul_inside_agent_type_rejected_on_decode():
+    data = encode(_msg())
+    with pytest.raises(MessageError, match="NUL"):
+        decode(_repack(data, type=b"m\0x" + b"\0" * 13))

@@ -42,7 +42,7 @@ def test_config_builds(path):
         assert cfg.model["link"]["generation_weight"] == 0.0
         assert cfg.train.lr == pytest.approx(5e-4)
     if "gencomm_stage1" in path.name:
-        assert cfg.train.lr == pytest.approx(2e-3) and model.link.message_channels == 2
+        assert cfg.train.lr == pytest.approx(2e-3) and model.link.payload_channels == 2
         assert model.channels == 128 and model.link.safg[next(iter(model.link.safg))].num_steps == 3
 
 

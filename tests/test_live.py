@@ -1,9 +1,11 @@
 """The live cooperation loop: wire, channel effects and fusion tick by tick."""
+import dataclasses
+
 import pytest
 import torch
 
 from opencood_ext.data.dataset import AgentTypeData, DataConfig
-from opencood_ext.comm import ChannelEffects
+from opencood_ext.comm import HEADER_SIZE, ChannelEffects
 from opencood_ext.sim.live import LiveCooperation
 from opencood_ext.experiment import ExperimentConfig
 from opencood_ext.models.detector import CooperativeDetector
@@ -44,12 +46,19 @@ def test_latency_and_loss():
     assert lossy.step(make_frame(seed=0)).received == 0
 
 
-def test_full_feature_link_and_unsupported_fusion():
+def test_full_feature_link_and_every_fusion_method_live():
+    """The live loop runs whatever the model's fusion method sends: features, boxes, points."""
     live = _setup(link="full_feature")
     r = live.step(make_frame(seed=0))
     assert r.received == 2 and r.bytes_sent[0] > 8 * 32 * 32 * 4
-    with pytest.raises(ValueError, match="live demo runs"):
-        LiveCooperation(live.cfg, CooperativeDetector({"m1": PP}, RANGE, fusion="late"))
+    for fusion, per_item in (("late", 9 * 4), ("early", 4 * 4)):
+        cfg = dataclasses.replace(live.cfg, model={"agent_types": {"m1": PP}, "fusion": fusion})
+        lv = LiveCooperation(cfg, CooperativeDetector({"m1": PP}, RANGE, fusion=fusion).eval(), ChannelEffects())
+        r = lv.step(make_frame(seed=0))
+        assert r.received == 2 and not r.rejected
+        assert all((b - HEADER_SIZE) % per_item == 0 for b in r.bytes_sent)
+    early = lv.step(make_frame(seed=1)).bytes_sent  # early fusion sends every point of each scan
+    assert min(early) > 1000 * 16
 
 
 def test_live_detection_goes_through_the_post_fusion_layers():

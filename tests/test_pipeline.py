@@ -8,7 +8,8 @@ from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
 from opencood_ext.geometry import points_in_boxes, transform_points
 
-from opencood_ext.models.detector import CooperativeDetector, transform_boxes
+from opencood_ext.models.detector import CooperativeDetector
+from opencood_ext.models.fusion_methods import transform_boxes
 from synthetic import SyntheticReader
 
 torch.set_num_threads(1)
@@ -17,6 +18,11 @@ BACKBONE = {"layer_nums": [1, 1], "layer_strides": [2, 2], "num_filters": [16, 3
             "upsample_strides": [1, 2], "num_upsample_filters": [16, 16]}
 PP = {"encoder": {"type": "pointpillars", "voxel_size": [0.8, 0.8, 4.0], "num_filters": [16]},
       "backbone": BACKBONE, "shrink_channels": 16}
+
+
+def _T(sample, k):
+    """T_ego_from_agent of agent k of a sample, as a receiver computes it: its own pose and the header's."""
+    return sample.T_ego_from_world @ sample.agents[k].T_world_from_agent
 
 
 def _dataset(model, cooperation, train=False, types=("m1", "m1", "m1"), augment=False, alliance=None, **data):
@@ -31,14 +37,14 @@ def test_sample_layout_and_ground_truth_in_ego_frame():
     ds = _dataset(model, "all")
     s = ds[0]
     assert [a.agent_id for a in s.agents] == [10, 20, 30]  # ego first, sorted ids
-    np.testing.assert_allclose(s.agents[0].T_ego_from_agent, np.eye(4), atol=1e-6)
+    np.testing.assert_allclose(_T(s, 0), np.eye(4), atol=1e-6)
     frame = ds.reader[0]
     ego = frame.agents[0]
     inside = points_in_boxes(ego.lidar, s.gt_boxes).sum(axis=0)
     assert (inside >= 5).sum() >= len(s.gt_boxes) - 1, inside
     # a collaborator's points moved by T_ego_from_agent land in the ego's GT boxes too
     other = frame.agents[1]
-    moved = transform_points(s.agents[1].T_ego_from_agent.astype(np.float64), other.lidar)
+    moved = transform_points(_T(s, 1), other.lidar)
     assert (points_in_boxes(moved, s.gt_boxes).sum(axis=0) >= 5).sum() >= len(s.gt_boxes) - 1
 
 
@@ -50,10 +56,10 @@ def test_augmentation_keeps_points_and_labels_together():
     assert not np.allclose(s.gt_boxes, _dataset(model, "all")[0].gt_boxes)  # something rotated
     frame = ds.reader[0]
     other = frame.agents[2]
-    moved = transform_points(s.agents[2].T_ego_from_agent.astype(np.float64), other.lidar)
+    moved = transform_points(_T(s, 2), other.lidar)
     assert (points_in_boxes(moved, s.gt_boxes).sum(axis=0) >= 5).sum() >= len(s.gt_boxes) - 1
     # the ego's own voxels were rotated into the augmented frame: its pose is identity
-    np.testing.assert_allclose(s.agents[0].T_ego_from_agent, np.eye(4), atol=1e-6)
+    np.testing.assert_allclose(_T(s, 0), np.eye(4), atol=1e-6)
 
 
 def test_collate_groups_by_type():
@@ -87,26 +93,43 @@ def test_fusion_methods_train_step_and_predict(fusion, link, cooperation):
     model.eval()
     eval_coop = "all" if fusion == "late" else cooperation
     b = collate_samples([_dataset(model, eval_coop)[0]])
-    dets, nbytes = model.predict(b)
+    pred = model.predict(b)
+    dets, nbytes = pred.detections, pred.delivery.bytes_sent
     assert len(dets) == 1 and dets[0].boxes.shape[1] == 7
-    if fusion == "intermediate":
-        assert nbytes[0] == 0 and (nbytes[1:] > 0).all()
-        if link["type"] == "gencomm":  # float16 2-channel message vs float32 16-channel feature
-            assert nbytes[1] < 16 * 40 * 40 * 4 / 8
+    if fusion == "none":
+        assert nbytes == []
+    else:  # every collaborator sent one encoded packet; the ego sends nothing
+        assert pred.delivery.sent.source_row == [1, 2] and all(n >= 204 for n in nbytes)  # header: 204 B
+        assert len(pred.delivery.arrived) == 2 and not pred.delivery.rejected
+    if fusion == "intermediate" and link["type"] == "gencomm":  # float16 2-channel message vs float32 feature
+        assert nbytes[0] < 16 * 40 * 40 * 4 / 8
 
 
 def test_gencomm_ego_keeps_real_feature_and_warp_switch():
+    """The fused map of a sample whose messages all fail to arrive is the ego's own feature's; what
+    arrives changes it; the reference order (generate, then warp) is a switch on the link."""
+    from opencood_ext.models.fusion_methods import ego_features
     torch.manual_seed(0)
-    model = CooperativeDetector({"m1": PP}, RANGE, link={"type": "gencomm", "generator": {"base_channels": 8}})
+    model = CooperativeDetector({"m1": PP}, RANGE, link={"type": "gencomm", "generator": {"base_channels": 8}},
+                                fusion_op="max")
     model.eval()
     b = collate_samples([_dataset(model, "all")[0]])
     feats, _ = model.encode(b)
-    out = model.link(feats, b)
-    torch.testing.assert_close(out.features[0], feats[0])
-    assert not torch.allclose(out.features[1], feats[1])
+    own = ego_features(model, b, feats)
+    torch.testing.assert_close(own[0], feats[0])  # no augmentation: the ego's feature is not resampled
+    sent = model.method.send(model, b, feats)
+    seen = []
+    model.post_fusion.register_forward_hook(lambda mod, inp, out: seen.append(inp[0]))
+    with torch.no_grad():
+        model.method.receive(model, b, feats, sent.select([]))
+        model.method.receive(model, b, feats, sent)
+    torch.testing.assert_close(seen[0], own)
+    assert not torch.allclose(seen[1], own)
+    assert (seen[1] >= own - 1e-6).all()  # max fusion never goes below the ego's own cells
     model.link.warp_before_generation = False
-    out2 = model.link(feats, b)
-    torch.testing.assert_close(out2.features[0], feats[0])
+    with torch.no_grad():
+        model.method.receive(model, b, feats, sent)
+    assert not torch.allclose(seen[2], seen[1])
 
 
 def test_transform_boxes_matches_corner_transform():
@@ -150,7 +173,8 @@ def test_generation_follows_a_shifted_message():
     model.eval()
     link = model.link
     H, W = model.grid.shape
-    msg = torch.zeros(1, link.message_channels, H, W)
+    msg = torch.zeros(1, link.payload_channels, H, W)
+    ones = torch.ones(1, 1, H, W)
     msg[0, :, 10:14, 12:20] = 2.0  # a blob in the ego frame
     ego = torch.randn(1, model.channels, H, W)
     shift = 4 * model.grid.cell[0]  # exactly 4 cells along x
@@ -161,20 +185,20 @@ def test_generation_follows_a_shifted_message():
     msg_sender = warp_to_ego(msg, T_inv, model.lidar_range)  # what that sender would transmit
     with torch.no_grad():
         torch.manual_seed(1)
-        ref = link.generate(msg, torch.eye(4)[None], ego, ["m1"])
+        ref = link.receive(msg, torch.eye(4)[None], ego, ["m1"], ones)
         torch.manual_seed(1)
-        got = link.generate(msg_sender, T, ego, ["m1"])
+        got = link.receive(msg_sender, T, ego, ["m1"], ones)
     torch.testing.assert_close(got[..., :, 8:-8], ref[..., :, 8:-8], atol=1e-4, rtol=1e-4)
     # moving the blob itself moves the generated feature where the message differs
     torch.manual_seed(1)
     with torch.no_grad():
-        moved = link.generate(torch.roll(msg, 6, dims=-1), torch.eye(4)[None], ego, ["m1"])
+        moved = link.receive(torch.roll(msg, 6, dims=-1), torch.eye(4)[None], ego, ["m1"], ones)
     assert not torch.allclose(moved, ref)
     # the reference order (generate in the sender frame, then warp) does not have this property
     link.warp_before_generation = False
     with torch.no_grad():
         torch.manual_seed(1)
-        ref_order = link.generate(msg_sender, T, ego, ["m1"])
+        ref_order = link.receive(msg_sender, T, ego, ["m1"], ones)
     assert (ref_order[..., :, 8:-8] - ref[..., :, 8:-8]).abs().max() > 1e-3
 
 
@@ -201,7 +225,8 @@ def test_roadside_unit_points_use_a_virtual_lidar_at_ego_height():
     rsu.lidar = transform_points(np.linalg.inv(rsu.T_world_from_lidar), world_pts).astype(np.float32)
     ego = frame.agents[0]
     T = ego.T_world_from_lidar
-    pts, T_virtual = ds._virtual_lidar(rsu.lidar, np.linalg.inv(T) @ rsu.T_world_from_lidar, rsu, ego)
+    pts, T_world_from_virtual = ds._virtual_lidar(rsu.lidar, rsu, ego)
+    T_virtual = np.linalg.inv(T) @ T_world_from_virtual
     np.testing.assert_allclose(transform_points(T_virtual, pts)[:, :3],
                                transform_points(np.linalg.inv(T), world_pts)[:, :3], atol=1e-3)
     # ground points (world z ~ 0) now sit about the ego's LiDAR height below the virtual sensor
@@ -236,9 +261,9 @@ def test_collaborator_frame_ego_encodes_on_the_ego_grid(tmp_path):
     np.testing.assert_allclose(s_own.gt_boxes, s_ego.gt_boxes)  # same augmentation draw
     frame = own.reader[0]
     for k in (1, 2):
-        assert not np.allclose(s_own.agents[k].T_ego_from_agent, np.eye(4), atol=1e-3)
-        np.testing.assert_allclose(s_ego.agents[k].T_ego_from_agent, np.eye(4), atol=1e-6)
-        moved = transform_points(s_own.agents[k].T_ego_from_agent.astype(np.float64), frame.agents[k].lidar)
+        assert not np.allclose(_T(s_own, k), np.eye(4), atol=1e-3)
+        np.testing.assert_allclose(_T(s_ego, k), np.eye(4), atol=1e-6)
+        moved = transform_points(_T(s_own, k), frame.agents[k].lidar)
         want = own.voxelizers["m1"](moved.astype(np.float32))
         got = s_ego.agents[k].voxels
         assert {tuple(c) for c in got.coords.tolist()} == {tuple(c) for c in want.coords.tolist()}
@@ -266,6 +291,7 @@ def test_post_fusion_layers_sit_before_the_head_for_every_method(fusion, coopera
     model.eval()
     seen.clear()
     model.predict(collate_samples([_dataset(model, cooperation)[0]]))
-    assert seen == [(3 if fusion == "late" else 1, 16, 40, 40)]  # late: every agent's own map
+    # late: the collaborators' maps (sender side), then the ego's own
+    assert seen == ([(2, 16, 40, 40), (1, 16, 40, 40)] if fusion == "late" else [(1, 16, 40, 40)])
     with pytest.raises(ValueError, match="post_fusion_layers"):
         CooperativeDetector({"m1": PP}, RANGE, post_fusion_layers=-1)

@@ -49,8 +49,8 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     cfg = plan.config
-    train_set = build_dataset(cfg, model, cfg.data.train_split, train=True)
-    val_set = build_dataset(cfg, model, cfg.data.val_split, train=False) if cfg.train.val_every else None
+    train_set = build_dataset(cfg, cfg.data.train_split, train=True)
+    val_set = build_dataset(cfg, cfg.data.val_split, train=False) if cfg.train.val_every else None
     trainer = Trainer(model, train_set, val_set, collate, cfg.train, args.out, param_filter=policy)
     summary = policy.summary(model)
     if D.is_main_process():

@@ -57,8 +57,8 @@ def main(argv=None) -> int:
         return 2
     run_dir = args.model_dir or args.runs_root / f"{cfg.name}_{time.strftime('%Y_%m_%d_%H_%M_%S')}"
     model = build_model(cfg)
-    train_set = build_dataset(cfg, model, cfg.data.train_split, train=True)
-    val_set = build_dataset(cfg, model, cfg.data.val_split, train=False) if cfg.train.val_every else None
+    train_set = build_dataset(cfg, cfg.data.train_split, train=True)
+    val_set = build_dataset(cfg, cfg.data.val_split, train=False) if cfg.train.val_every else None
     trainer = Trainer(model, train_set, val_set, collate, cfg.train, run_dir)
     if D.is_main_process():
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,29 @@
-"""A lossy, late, noisy channel for encoded messages (:mod:`opencood_ext.comm.wire`)."""
+"""An imperfect channel for encoded messages (:mod:`opencood_ext.comm.wire`):
+pose noise, message loss and latency.
+
+Every random draw is a pure function of ``(seed, key, sender_id)``, where the
+key names the moment (a dataset frame index, a live tick). So every fusion
+method evaluated on the same frames with the same seed meets exactly the same
+noise and the same lost messages, whatever else it sends, and a rerun
+reproduces them.
+
+* Pose noise (CoAlign / HEAL protocol): world-frame x, y of the transmitted
+  pose ~ N(0, pose_noise_m), its yaw (about the world z axis) ~
+  N(0, pose_noise_deg). Only the header changes: the payload was computed in
+  the sender's true frame, the receiver places it with the noisy pose.
+* Loss: each message is lost with probability ``drop``.
+* Latency: on datasets a collaborator's message comes from an earlier frame
+  (:class:`~opencood_ext.data.dataset.CooperativeDataset`, ``latency_frames``);
+  live, :class:`ChannelEffects` delivers each packet ``latency_ticks`` later.
+
+:func:`apply_channel` acts on one packet; :class:`ChannelEffects` is the live
+demo's stateful channel (queue + tick counter) built on it.
+"""
 from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 from typing import Deque, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -10,60 +31,124 @@ import numpy as np
 from .wire import MessageError, _unpack_header, _with_pose
 
 
-class ChannelEffects:
-    """A lossy, late, noisy channel for encoded messages, one ``step`` per tick.
+@dataclass(frozen=True)
+class ChannelConfig:
+    """pose_noise_m: std of x and y noise (m); pose_noise_deg: std of yaw noise (deg);
+    drop: probability that a message is lost; seed: of every draw (module docstring)."""
 
-    Each packet is dropped with ``drop_prob``; a kept packet gets pose noise
-    (world-frame x, y ~ N(0, pose_noise_std_m); yaw about the sender's own z
-    axis ~ N(0, pose_noise_std_deg), OpenCOOD's model) and is delivered
-    ``latency_ticks`` steps later. Packets that cannot be parsed pass through
-    untouched (the receiver rejects them). Random draws come from ``seed``.
-    """
+    pose_noise_m: float = 0.0
+    pose_noise_deg: float = 0.0
+    drop: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("pose_noise_m", "pose_noise_deg", "drop"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"channel {name} must be a finite number >= 0, got {v!r}")
+        if self.drop > 1.0:
+            raise ValueError(f"channel drop must be a probability in [0, 1], got {self.drop}")
+
+    @property
+    def perfect(self) -> bool:
+        return self.pose_noise_m == 0 and self.pose_noise_deg == 0 and self.drop == 0
+
+    def describe(self) -> str:
+        if self.perfect:
+            return "perfect channel"
+        return (f"pose noise {self.pose_noise_m:g} m / {self.pose_noise_deg:g} deg, drop {self.drop:g}, "
+                f"seed {self.seed}")
+
+
+def parse_pose_noise(text: Optional[str]) -> Tuple[float, float]:
+    """"STD_M,STD_DEG" (e.g. "0.2,0.2") -> (0.2, 0.2); None or "" -> (0, 0)."""
+    if not text:
+        return 0.0, 0.0
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) != 2 or not all(math.isfinite(v) and v >= 0 for v in values):
+        raise ValueError(f"pose noise must be STD_M,STD_DEG with two numbers >= 0, got {text!r}")
+    return values[0], values[1]
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One message's fate: lost, or delivered with pose noise (dx, dy metres, dyaw radians)."""
+
+    lost: bool
+    dx: float = 0.0
+    dy: float = 0.0
+    dyaw: float = 0.0
+
+
+def draw(config: ChannelConfig, key: Sequence[int], sender_id: int) -> Draw:
+    """The channel's draw for ``sender_id``'s message at moment ``key`` (ints); see the module docstring."""
+    if config.perfect:
+        return Draw(False)
+    entropy = [int(config.seed) & 0xFFFFFFFF, *(int(k) & 0xFFFFFFFF for k in key), int(sender_id) & 0xFFFFFFFF]
+    rng = np.random.default_rng(np.random.SeedSequence(entropy))
+    u, dx, dy, dyaw = rng.random(), *rng.normal(0.0, 1.0, size=3)
+    return Draw(lost=bool(u < config.drop), dx=float(dx * config.pose_noise_m),
+                dy=float(dy * config.pose_noise_m), dyaw=math.radians(float(dyaw * config.pose_noise_deg)))
+
+
+def noisy_pose(pose: np.ndarray, d: Draw) -> np.ndarray:
+    """``pose`` (4, 4) T_world_from_sender with d's world x, y offset and yaw about world z."""
+    if d.dx == 0 and d.dy == 0 and d.dyaw == 0:
+        return pose
+    c, s = math.cos(d.dyaw), math.sin(d.dyaw)
+    out = np.array(pose, dtype=np.float64, copy=True)
+    out[:3, :3] = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]]) @ out[:3, :3]
+    out[0, 3] += d.dx
+    out[1, 3] += d.dy
+    return out
+
+
+def apply_channel(data: bytes, config: ChannelConfig, key: Sequence[int]) -> Optional[bytes]:
+    """One encoded packet through the channel: None when lost, else the packet with its header pose
+    perturbed. A packet whose header cannot be parsed passes through untouched (the receiver
+    rejects it)."""
+    if config.perfect:
+        return data
+    try:
+        f = _unpack_header(data)
+    except MessageError:
+        return data
+    d = draw(config, key, f[4])
+    if d.lost:
+        return None
+    pose = np.array(f[7:23], dtype=np.float64).reshape(4, 4)
+    noisy = noisy_pose(pose, d)
+    return data if noisy is pose else _with_pose(data, noisy)
+
+
+class ChannelEffects:
+    """The live demo's channel: :func:`apply_channel` at each tick (the tick is the draw key),
+    then delivery ``latency_ticks`` ticks later, in send order."""
 
     def __init__(self, pose_noise_std_m: float = 0.0, pose_noise_std_deg: float = 0.0,
                  drop_prob: float = 0.0, latency_ticks: int = 0, seed: Optional[int] = None):
-        if pose_noise_std_m < 0 or pose_noise_std_deg < 0:
-            raise ValueError("ChannelEffects pose noise std must be >= 0")
-        if not 0.0 <= drop_prob <= 1.0:
-            raise ValueError(f"ChannelEffects drop_prob must be in [0, 1], got {drop_prob}")
         if latency_ticks < 0:
             raise ValueError(f"ChannelEffects latency_ticks must be >= 0, got {latency_ticks}")
-        self.pose_noise_std_m = float(pose_noise_std_m)
-        self.pose_noise_std_deg = float(pose_noise_std_deg)
-        self.drop_prob = float(drop_prob)
+        self.config = ChannelConfig(pose_noise_m=pose_noise_std_m, pose_noise_deg=pose_noise_std_deg,
+                                    drop=drop_prob, seed=0 if seed is None else int(seed))
         self.latency_ticks = int(latency_ticks)
-        self.rng = np.random.default_rng(seed)
         self._queue: Deque[Tuple[int, bytes]] = deque()
         self._tick = 0
         self.sent = self.dropped = self.delivered = 0
-
-    def perturb_pose(self, data: bytes) -> bytes:
-        """Apply pose noise to one encoded message (unparseable data is returned as is)."""
-        if self.pose_noise_std_m == 0 and self.pose_noise_std_deg == 0:
-            return data
-        try:
-            f = _unpack_header(data)
-        except MessageError:
-            return data
-        T = np.array(f[7:23], dtype=np.float64).reshape(4, 4)
-        dx, dy = self.rng.normal(0.0, self.pose_noise_std_m, size=2)
-        yaw = math.radians(self.rng.normal(0.0, self.pose_noise_std_deg))
-        c, s = math.cos(yaw), math.sin(yaw)
-        Rz = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
-        noisy = T.copy()
-        noisy[:3, :3] = Rz @ T[:3, :3]
-        noisy[0, 3] += dx
-        noisy[1, 3] += dy
-        return _with_pose(data, noisy)
 
     def step(self, packets: Sequence[bytes]) -> List[bytes]:
         """Send this tick's packets; return those delivered this tick (in send order)."""
         for data in packets:
             self.sent += 1
-            if self.drop_prob > 0 and self.rng.random() < self.drop_prob:
+            out = apply_channel(bytes(data), self.config, (self._tick,))
+            if out is None:
                 self.dropped += 1
                 continue
-            self._queue.append((self._tick + self.latency_ticks, self.perturb_pose(bytes(data))))
+            self._queue.append((self._tick + self.latency_ticks, out))
         out = []
         while self._queue and self._queue[0][0] <= self._tick:
             out.append(self._queue.popleft()[1])

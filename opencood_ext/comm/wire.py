@@ -1,27 +1,41 @@
 """The message wire format: one agent's payload, who sent it, when and from where.
 
-A message is one agent's (m, H, W) payload (the DME output, in the sender's
-frame) plus who sent it, when, and from where. On the wire (little-endian)::
+A message carries one payload in the SENDER's frame plus its sender, time and
+pose. What the payload is depends on the fusion method that sent it
+(``kind``)::
+
+    kind     code shape      values
+    bev         0 (m, H, W)  a BEV map: a GenComm message, a full feature, a protocol feature
+    boxes       1 (1, P, 9)  late fusion: x, y, z, l, w, h, yaw, score, class per detected box (P >= 0)
+    points      2 (1, P, 4)  early fusion: x, y, z, intensity per LiDAR point (P >= 0)
+    codes       3 (S, H, W)  CodeFilling: codebook indices per cell and segment (uint8 / uint16)
+
+On the wire (little-endian)::
 
     offset size field
          0    4 magic            b"GCMM"
          4    2 version          uint16 (1)
-         6    1 dtype code       uint8: 1 float32, 2 float16, 3 int8
-         7    1 reserved         0
+         6    1 dtype code       uint8: 1 float32, 2 float16, 3 int8, 4 uint8, 5 uint16
+         7    1 kind code        uint8 (table above); 0 in every packet written before kinds existed
          8    8 sender_id        int64
-        16   16 agent_type       ASCII, NUL-padded (at most 16 bytes)
+        16   16 agent_type       ASCII, NUL-padded (at most 16 bytes, no NUL inside)
         32    8 timestamp        float64, seconds
         40  128 pose             16 float64, T_world_from_sender row-major
-       168   12 shape            3 uint32 (m, H, W)
+       168   12 shape            3 uint32
        180    8 scale            float64, int8 step (value = code * scale); 1.0 otherwise
        188    8 payload length   uint64, bytes
        196    4 payload CRC32    zlib.crc32 of the payload
        200    4 header CRC32     zlib.crc32 of bytes [0, 200)
-       204    . payload          m*H*W values, C order
+       204    . payload          prod(shape) values, C order
 
 int8 is symmetric quantisation: ``scale = max|x| / 127`` (1.0 for an all-zero
 payload), ``code = round(x / scale)`` in [-127, 127], so the error is at most
-scale / 2.
+scale / 2. uint8 / uint16 carry integer codes exactly (kind ``codes`` only).
+
+A receiver bounds what it accepts with :class:`Limits` (largest payload, largest
+magnitude): a packet larger than the receiver could use is refused from its
+header, before anything is allocated, and decoded values must be finite and
+within the bound, so one collaborator cannot poison the receiver's map.
 
 Sizes for m = 2, H x W = 100 x 352 (header included): float32 281,804 B,
 float16 141,004 B, int8 70,604 B; a C = 128 float32 feature in the same
@@ -34,7 +48,7 @@ import math
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -43,8 +57,14 @@ MAGIC = b"GCMM"
 VERSION = 1
 HEADER = struct.Struct("<4sHBBq16sd16d3IdQI")
 HEADER_SIZE = HEADER.size + 4  # plus the header CRC
-DTYPES = {"float32": (1, np.dtype("<f4")), "float16": (2, np.dtype("<f2")), "int8": (3, np.dtype("i1"))}
+DTYPES = {"float32": (1, np.dtype("<f4")), "float16": (2, np.dtype("<f2")), "int8": (3, np.dtype("i1")),
+          "uint8": (4, np.dtype("u1")), "uint16": (5, np.dtype("<u2"))}
 _BY_CODE = {code: (name, dt) for name, (code, dt) in DTYPES.items()}
+FLOAT_DTYPES = ("float32", "float16", "int8")
+CODE_DTYPES = ("uint8", "uint16")
+# kind -> (code, last dimension of a (1, P, d) payload, or None for an (a, b, c) map)
+KINDS = {"bev": (0, None), "boxes": (1, 9), "points": (2, 4), "codes": (3, None)}
+_KIND_BY_CODE = {code: name for name, (code, _) in KINDS.items()}
 POSE_TOL = 1e-5
 MAX_ELEMENTS = 1 << 28
 
@@ -63,14 +83,25 @@ class Message:
 
     sender_id: agent id; agent_type: e.g. "m1" (ASCII, <= 16 bytes);
     timestamp: seconds; pose: T_world_from_sender (4, 4) float64;
-    payload: (m, H, W) tensor or array in the sender's BEV frame
-    (decode returns a float32 torch tensor).
+    payload: tensor or array in the sender's frame, shaped by ``kind`` (module
+    docstring); decode returns a float32 torch tensor (int64 for ``codes``).
+    kind: "bev", "boxes", "points" or "codes".
     """
     sender_id: int
     agent_type: str
     timestamp: float
     pose: np.ndarray
     payload: Union[torch.Tensor, np.ndarray]
+    kind: str = "bev"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a receiver accepts. max_elements: largest payload (values); max_abs: largest |value|
+    a float payload may carry (after int8 scaling); None = no bound beyond finiteness."""
+
+    max_elements: int = MAX_ELEMENTS
+    max_abs: Optional[float] = None
 
 
 def check_pose(pose, what: str = "pose") -> np.ndarray:
@@ -88,23 +119,50 @@ def check_pose(pose, what: str = "pose") -> np.ndarray:
     return T
 
 
-def _payload_array(payload) -> np.ndarray:
+def check_shape(kind: str, shape: Sequence[int]) -> None:
+    """Raise MessageError unless ``shape`` (3 sizes) is a valid payload shape of ``kind``."""
+    if kind not in KINDS:
+        raise MessageError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
+    shape = tuple(int(v) for v in shape)
+    if len(shape) != 3:
+        raise MessageError(f"a {kind} payload must have 3 dimensions, got {shape}")
+    last = KINDS[kind][1]
+    if last is None:
+        if min(shape) < 1:
+            raise MessageError(f"a {kind} payload must be (a, b, c) with every size >= 1, got {shape}")
+    elif shape[0] != 1 or shape[2] != last:
+        raise MessageError(f"a {kind} payload must be (1, P, {last}), got {shape}")
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise MessageError(f"payload of {math.prod(shape)} values exceeds {MAX_ELEMENTS}")
+
+
+def _payload_array(payload, kind: str) -> np.ndarray:
     if torch.is_tensor(payload):
-        payload = payload.detach().to("cpu", torch.float32).numpy()
-    arr = np.asarray(payload, dtype=np.float32)
-    if arr.ndim != 3 or min(arr.shape) < 1:
-        raise MessageError(f"payload must be (m, H, W) with every size >= 1, got {arr.shape}")
-    if not np.isfinite(arr).all():
+        payload = payload.detach().cpu()
+        payload = payload.numpy() if kind == "codes" else payload.to(torch.float32).numpy()
+    arr = np.asarray(payload) if kind == "codes" else np.asarray(payload, dtype=np.float32)
+    if kind in ("boxes", "points") and arr.ndim == 2:
+        arr = arr[None]
+    check_shape(kind, arr.shape)
+    if kind == "codes":
+        if arr.dtype.kind not in "iu":
+            raise MessageError(f"a codes payload must hold integers, got {arr.dtype}")
+    elif not np.isfinite(arr).all():
         raise MessageError("payload has non-finite values")
     return arr
 
 
 def encode(msg: Message, dtype: str = "float32") -> bytes:
-    """Serialise ``msg``; dtype "float32", "float16" or "int8". Raises MessageError on bad fields."""
+    """Serialise ``msg``; dtype float32 / float16 / int8 (uint8 / uint16 for codes).
+    Raises MessageError on bad fields."""
     if dtype not in DTYPES:
         raise MessageError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    kind = msg.kind
+    arr = _payload_array(msg.payload, kind)
+    if (kind == "codes") != (dtype in CODE_DTYPES):
+        raise MessageError(f"a {kind} payload cannot be sent as {dtype} "
+                           f"({'codes need' if kind == 'codes' else 'only codes use'} {list(CODE_DTYPES)})")
     code, wire = DTYPES[dtype]
-    arr = _payload_array(msg.payload)
     pose = check_pose(msg.pose)
     try:
         type_bytes = msg.agent_type.encode("ascii")
@@ -115,16 +173,20 @@ def encode(msg: Message, dtype: str = "float32") -> bytes:
     if not math.isfinite(float(msg.timestamp)):
         raise MessageError(f"timestamp must be finite, got {msg.timestamp}")
     scale = 1.0
-    if dtype == "int8":
-        peak = float(np.abs(arr).max())
+    if dtype in CODE_DTYPES:
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) > np.iinfo(wire).max):
+            raise MessageError(f"codes must lie in [0, {np.iinfo(wire).max}] for {dtype}")
+        data = arr.astype(wire)
+    elif dtype == "int8":
+        peak = float(np.abs(arr).max()) if arr.size else 0.0
         scale = peak / 127.0 if peak > 0 else 1.0
         data = np.clip(np.rint(arr / scale), -127, 127).astype(wire)
     else:
-        if float(np.abs(arr).max()) > float(np.finfo(wire).max):
+        if arr.size and float(np.abs(arr).max()) > float(np.finfo(wire).max):
             raise MessageError(f"payload exceeds the {dtype} range (|x| <= {np.finfo(wire).max})")
         data = arr.astype(wire)
     body = data.tobytes(order="C")
-    head = HEADER.pack(MAGIC, VERSION, code, 0, int(msg.sender_id), type_bytes, float(msg.timestamp),
+    head = HEADER.pack(MAGIC, VERSION, code, KINDS[kind][0], int(msg.sender_id), type_bytes, float(msg.timestamp),
                        *pose.reshape(-1), *arr.shape, scale, len(body), zlib.crc32(body))
     return head + struct.pack("<I", zlib.crc32(head)) + body
 
@@ -132,7 +194,7 @@ def encode(msg: Message, dtype: str = "float32") -> bytes:
 def _unpack_header(data: bytes) -> tuple:
     if len(data) < HEADER_SIZE:
         raise MessageError(f"truncated: {len(data)} bytes, header needs {HEADER_SIZE}")
-    head = data[:HEADER.size]
+    head = bytes(data[:HEADER.size])
     fields = HEADER.unpack(head)
     if fields[0] != MAGIC:
         raise MessageError(f"bad magic {fields[0]!r}, expected {MAGIC!r}")
@@ -144,50 +206,70 @@ def _unpack_header(data: bytes) -> tuple:
     return fields
 
 
-def decode(data: bytes) -> Message:
-    """Parse and validate one message; raises MessageError naming the failed check."""
-    data = bytes(data)
+def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
+    """Parse and validate one message; raises MessageError naming the failed check.
+
+    ``limits``: what the receiver accepts; the payload size is checked from the header before
+    anything is allocated, the values after decoding (finite, and within ``max_abs``)."""
+    limits = limits or Limits()
     f = _unpack_header(data)
-    code, sender_id, type_bytes, timestamp = f[2], f[4], f[5], f[6]
+    code, kind_code, sender_id, type_bytes, timestamp = f[2], f[3], f[4], f[5], f[6]
     pose = np.array(f[7:23], dtype=np.float64).reshape(4, 4)
     shape, scale, length, crc = tuple(f[23:26]), f[26], f[27], f[28]
     if code not in _BY_CODE:
         raise MessageError(f"unknown dtype code {code}")
+    if kind_code not in _KIND_BY_CODE:
+        raise MessageError(f"unknown payload kind code {kind_code}")
     name, wire = _BY_CODE[code]
-    if min(shape) < 1 or math.prod(shape) > MAX_ELEMENTS:
-        raise MessageError(f"bad payload shape {shape}")
+    kind = _KIND_BY_CODE[kind_code]
+    check_shape(kind, shape)
+    if (kind == "codes") != (name in CODE_DTYPES):
+        raise MessageError(f"a {kind} payload cannot be {name}")
+    if math.prod(shape) > limits.max_elements:
+        raise MessageError(f"payload of {math.prod(shape)} values is larger than this receiver accepts "
+                           f"({limits.max_elements})")
     if length != math.prod(shape) * wire.itemsize:
         raise MessageError(f"payload length {length} does not match shape {shape} of {name}")
     if len(data) != HEADER_SIZE + length:
-        kind = "truncated" if len(data) < HEADER_SIZE + length else "trailing bytes"
-        raise MessageError(f"{kind}: {len(data)} bytes, expected {HEADER_SIZE + length}")
-    body = data[HEADER_SIZE:]
+        kind_err = "truncated" if len(data) < HEADER_SIZE + length else "trailing bytes"
+        raise MessageError(f"{kind_err}: {len(data)} bytes, expected {HEADER_SIZE + length}")
+    body = memoryview(data)[HEADER_SIZE:]
     if zlib.crc32(body) != crc:
         raise MessageError("payload CRC mismatch (corrupted payload)")
     if not math.isfinite(timestamp):
         raise MessageError("timestamp is not finite")
-    if name == "int8" and not (math.isfinite(scale) and scale > 0):
-        raise MessageError(f"int8 scale must be finite and > 0, got {scale}")
+    if name == "int8" and not (math.isfinite(scale) and 0 < scale * 127.0 <= float(np.finfo(np.float32).max)):
+        raise MessageError(f"int8 scale must be > 0 with 127 * scale within float32, got {scale}")
+    if b"\0" in type_bytes.rstrip(b"\0"):
+        raise MessageError("agent_type has a NUL byte inside")
     try:
         agent_type = type_bytes.rstrip(b"\0").decode("ascii")
     except UnicodeDecodeError as err:
         raise MessageError("agent_type is not ASCII") from err
     check_pose(pose)
-    values = np.frombuffer(body, dtype=wire).reshape(shape).astype(np.float32)
+    raw = np.frombuffer(body, dtype=wire).reshape(shape)
+    if kind == "codes":
+        return Message(sender_id=sender_id, agent_type=agent_type, timestamp=timestamp, pose=pose,
+                       payload=torch.from_numpy(raw.astype(np.int64)), kind=kind)
+    values = raw.astype(np.float32)
     if name == "int8":
-        values = values * np.float32(scale)
-    elif not np.isfinite(values).all():
-        raise MessageError("payload has non-finite values")
+        values *= np.float32(scale)
+    if values.size:
+        if not np.isfinite(values).all():
+            raise MessageError("payload has non-finite values")
+        if limits.max_abs is not None and float(np.abs(values).max()) > limits.max_abs:
+            raise MessageError(f"payload magnitude {float(np.abs(values).max()):.3g} exceeds the receiver's "
+                               f"bound {limits.max_abs:g}")
     return Message(sender_id=sender_id, agent_type=agent_type, timestamp=timestamp, pose=pose,
-                   payload=torch.from_numpy(values))
+                   payload=torch.from_numpy(values), kind=kind)
 
 
-def receive_all(packets: Sequence[bytes]) -> Tuple[List[Message], List[Tuple[int, str]]]:
+def receive_all(packets: Sequence[bytes], limits: Optional[Limits] = None) -> Tuple[List[Message], List[Tuple[int, str]]]:
     """Decode each packet; bad ones go to ``rejected`` as (index, reason) and the rest carry on."""
     messages, rejected = [], []
     for i, data in enumerate(packets):
         try:
-            messages.append(decode(data))
+            messages.append(decode(data, limits))
         except MessageError as err:
             rejected.append((i, err.reason))
     return messages, rejected
@@ -201,12 +283,17 @@ def _with_pose(data: bytes, pose: np.ndarray) -> bytes:
     return head + struct.pack("<I", zlib.crc32(head)) + data[HEADER_SIZE:]
 
 
+def header_pose(data: bytes) -> np.ndarray:
+    """The pose field of an encoded message (4, 4) float64 (header checks only)."""
+    return np.array(_unpack_header(data)[7:23], dtype=np.float64).reshape(4, 4)
+
+
 def message_nbytes(message_shape: Sequence[int], dtype: str = "float32") -> int:
-    """Bytes on the wire (header included) for an (m, H, W) payload of ``dtype``."""
+    """Bytes on the wire (header included) for a payload of ``message_shape`` in ``dtype``."""
     if dtype not in DTYPES:
         raise MessageError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     return HEADER_SIZE + math.prod(int(s) for s in message_shape) * DTYPES[dtype][1].itemsize
 
 
-__all__ = ["Message", "MessageError", "encode", "decode", "receive_all", "check_pose", "message_nbytes",
-           "HEADER_SIZE"]
+__all__ = ["Message", "MessageError", "Limits", "encode", "decode", "receive_all", "check_pose", "check_shape",
+           "header_pose", "message_nbytes", "HEADER_SIZE", "KINDS", "FLOAT_DTYPES", "CODE_DTYPES"]

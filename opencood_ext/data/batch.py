@@ -9,7 +9,7 @@ list) of that type's agents, in the same order as the rows of ``lidar[t]`` /
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Union
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 import torch
@@ -26,17 +26,24 @@ class Batch:
     agent_types: (N,) type name per flattened agent.
     agent_ids: (N,) dataset agent ids.
     agents_per_sample: (B,) how many agents each sample has; ego first.
-    T_ego_from_agent: (N, 4, 4) float32, agent frame -> its sample's ego frame.
-    inputs: per type, a LidarInput or CameraInput of that type's agents.
+    T_world_from_agent: (N, 4, 4) float64, each agent's input frame in the world: the pose its
+        messages carry.
+    T_ego_from_world: (B, 4, 4) float64, each sample's (augmented) ego frame from the world: the
+        receiver's own pose.
+    inputs: per type, a LidarInput or CameraInput of that type's agents (empty for early fusion).
     type_index: per type, (n_t,) long positions in the flattened agent list.
     gt_boxes: B tensors (G_b, 7) in the ego frame; gt_classes: B tensors (G_b,) long.
     num_points: (N,) points each agent's sensor produced (LiDAR) or 0.
+    agent_times: (N,) the timestamp each agent's data was taken at (its messages carry it).
+    points: early fusion: (N,) raw (P_i, 4) LiDAR points in each agent's own frame (None for a
+        camera agent); empty otherwise.
     """
 
     agent_types: List[str]
     agent_ids: List[int]
     agents_per_sample: List[int]
-    T_ego_from_agent: torch.Tensor
+    T_world_from_agent: torch.Tensor
+    T_ego_from_world: torch.Tensor
     inputs: Dict[str, Union[LidarInput, CameraInput]]
     type_index: Dict[str, torch.Tensor]
     gt_boxes: List[torch.Tensor]
@@ -44,7 +51,8 @@ class Batch:
     gt_classes: List[torch.Tensor] = field(default_factory=list)
     scenarios: List[str] = field(default_factory=list)
     timestamps: List[str] = field(default_factory=list)
-    early_sent_bytes: List[List[int]] = field(default_factory=list)  # per sample, per collaborator
+    agent_times: List[float] = field(default_factory=list)
+    points: List[Optional[torch.Tensor]] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:
@@ -61,6 +69,13 @@ class Batch:
         return torch.as_tensor(starts, dtype=torch.long)
 
     @property
+    def T_ego_from_agent(self) -> torch.Tensor:
+        """(N, 4, 4) float32: each agent's input frame seen from its sample's ego (derived from the
+        poses; what a receiver computes from a message header and its own pose)."""
+        T = self.T_ego_from_world[self.sample_index.to(self.T_ego_from_world.device)] @ self.T_world_from_agent
+        return T.float()
+
+    @property
     def sample_index(self) -> torch.Tensor:
         """(N,) which sample each flattened agent belongs to."""
         return torch.repeat_interleave(torch.arange(self.batch_size),
@@ -70,12 +85,13 @@ class Batch:
         return Batch(
             agent_types=self.agent_types, agent_ids=self.agent_ids,
             agents_per_sample=self.agents_per_sample,
-            T_ego_from_agent=self.T_ego_from_agent.to(device),
+            T_world_from_agent=self.T_world_from_agent.to(device), T_ego_from_world=self.T_ego_from_world.to(device),
             inputs={k: v.to(device) for k, v in self.inputs.items()},
             type_index={k: v.to(device) for k, v in self.type_index.items()},
             gt_boxes=[g.to(device) for g in self.gt_boxes],
             num_points=self.num_points.to(device), gt_classes=[g.to(device) for g in self.gt_classes],
-            scenarios=self.scenarios, timestamps=self.timestamps, early_sent_bytes=self.early_sent_bytes)
+            scenarios=self.scenarios, timestamps=self.timestamps, agent_times=self.agent_times,
+            points=[None if p is None else p.to(device) for p in self.points])
 
 
 def collate_samples(samples: List[Sample]) -> Batch:
@@ -87,7 +103,9 @@ def collate_samples(samples: List[Sample]) -> Batch:
     inputs: Dict[str, Union[LidarInput, CameraInput]] = {}
     type_index: Dict[str, torch.Tensor] = {}
     for t in dict.fromkeys(types):  # first-seen order, deterministic
-        idx = [i for i, a in enumerate(flat) if a.agent_type == t]
+        idx = [i for i, a in enumerate(flat) if a.agent_type == t and a.points is None]
+        if not idx:
+            continue  # early fusion: raw points, voxelised by the receiver
         members = [flat[i] for i in idx]
         type_index[t] = torch.as_tensor(idx, dtype=torch.long)
         if members[0].voxels is not None:
@@ -106,10 +124,13 @@ def collate_samples(samples: List[Sample]) -> Batch:
         agent_types=types,
         agent_ids=[a.agent_id for a in flat],
         agents_per_sample=[len(s.agents) for s in samples],
-        T_ego_from_agent=torch.from_numpy(np.stack([a.T_ego_from_agent for a in flat]).astype(np.float32)),
+        T_world_from_agent=torch.from_numpy(np.stack([a.T_world_from_agent for a in flat]).astype(np.float64)),
+        T_ego_from_world=torch.from_numpy(np.stack([s.T_ego_from_world for s in samples]).astype(np.float64)),
         inputs=inputs, type_index=type_index,
         gt_boxes=[torch.from_numpy(s.gt_boxes) for s in samples],
         num_points=torch.as_tensor([a.num_points for a in flat], dtype=torch.long),
         gt_classes=[torch.from_numpy(s.gt_classes) for s in samples],
         scenarios=[s.scenario for s in samples], timestamps=[s.timestamp for s in samples],
-        early_sent_bytes=[list(s.sent_bytes) for s in samples])
+        agent_times=[float(a.timestamp) for a in flat],
+        points=[None if a.points is None else torch.from_numpy(a.points) for a in flat]
+        if any(a.points is not None for a in flat) else [])

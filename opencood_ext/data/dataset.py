@@ -106,13 +106,23 @@ class DataConfig:
 
 @dataclass
 class AgentInput:
-    """One agent's preprocessed input. ``T_ego_from_agent`` (4, 4) float32 includes
-    the augmentation; exactly one of ``voxels`` / ``images`` is set."""
+    """One agent's preprocessed input, in the frame its sensor data is expressed in.
+
+    T_world_from_agent: (4, 4) float64 pose of that frame in the world: what the agent puts in
+    its messages' header (the receiver places them with it). The ego's LiDAR points (and with
+    ``collaborator_frame: ego`` every LiDAR agent's) are already moved into the augmented ego
+    frame, whose pose this then is. LiDAR types carry ``voxels``; early fusion carries the raw
+    ``points`` (N, 4) instead (the receiver merges and voxelises); camera types carry images.
+    timestamp: the frame's timestamp as a number (OPV2V's frame counter; 0 when not numeric);
+    older than the sample's under ``latency_frames``.
+    """
 
     agent_id: int
     agent_type: str
-    T_ego_from_agent: np.ndarray
+    T_world_from_agent: np.ndarray
+    timestamp: float = 0.0
     voxels: Optional[VoxelData] = None
+    points: Optional[np.ndarray] = None  # (P, 4) float32, early fusion only
     num_points: int = 0
     images: Optional[np.ndarray] = None  # (Ncam, 3, H, W) float32, normalised
     K: Optional[np.ndarray] = None  # (Ncam, 3, 3) scaled to image_size
@@ -124,6 +134,8 @@ class AgentInput:
 class Sample:
     """One training/evaluation sample: the ego first in ``agents``.
 
+    T_ego_from_world: (4, 4) float64 the ego's (augmented) frame from the world: the receiver's
+    own pose, all it needs besides the messages' headers.
     gt_boxes: (G, 7) float32 in the (augmented) ego frame; gt_ids, gt_classes: (G,) int64.
     """
 
@@ -131,10 +143,19 @@ class Sample:
     timestamp: str
     ego_id: int
     agents: List[AgentInput]
+    T_ego_from_world: np.ndarray
     gt_boxes: np.ndarray
     gt_ids: np.ndarray
     gt_classes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    sent_bytes: List[int] = field(default_factory=list)  # early fusion: raw points each collaborator sent
+
+
+def timestamp_value(ts) -> float:
+    """A frame's timestamp as a number for message headers (0.0 when it is not numeric)."""
+    try:
+        value = float(ts)
+    except (TypeError, ValueError):
+        return 0.0
+    return value if np.isfinite(value) else 0.0
 
 
 def type_override(modality: str) -> Optional[List[str]]:
@@ -155,33 +176,44 @@ def type_override(modality: str) -> Optional[List[str]]:
 class CooperativeDataset(Dataset):
     """See the module docstring. ``reader`` yields Frames (``len`` and indexing).
 
-    voxel_sizes: ``{type: (vx, vy, vz)}`` for the LiDAR types, from the model's
-    encoders (``CooperativeDetector.voxel_sizes()``), so no yaml repeats them.
+    voxel_sizes: ``{type: (vx, vy, vz)}`` for the LiDAR types, read from the model config
+    (:func:`opencood_ext.models.voxel_sizes`), so no yaml repeats them.
+    latency_frames: each collaborator's data (and pose) come from that many frames earlier in
+    the same scenario, clamped at its first frame (OpenCOOD's time-delay protocol); evaluation
+    only. A collaborator absent from the earlier frame sends nothing.
     """
 
     def __init__(self, reader, cfg: DataConfig, voxel_sizes: Dict[str, Optional[tuple]], train: bool,
-                 cooperation: Literal["all", "ego_only", "early"] = "all", seed: int = 0):
+                 cooperation: Literal["all", "ego_only", "early"] = "all", seed: int = 0,
+                 latency_frames: int = 0):
         self.reader = reader
         self.cfg = cfg
         self.train = train
         self.cooperation = cooperation
         self.seed = seed
+        if latency_frames < 0:
+            raise ValueError(f"latency_frames must be >= 0, got {latency_frames}")
+        if latency_frames and train:
+            raise ValueError("latency_frames is an evaluation setting; a training dataset has none")
+        self.latency_frames = int(latency_frames)
+        self._earlier: Optional[List[int]] = None
         self.forced_types = type_override(cfg.modality)
         self.class_table = cfg.class_table()
         self.voxelizers = {}
         for name, spec in cfg.agent_types.items():
             if spec.sensor != "lidar":
                 continue
+            if cooperation == "early":
+                continue  # the receiver merges the raw points and voxelises them (models.fusion_methods)
             if not voxel_sizes.get(name):
-                if cooperation in ("early", "ego_only"):
-                    # early fusion voxelises the merged cloud with the ego type's voxels; an ego-only
-                    # run (e.g. an early-fusion model with its collaborators off) needs just the ego's
+                if cooperation == "ego_only":
+                    # an ego-only run (e.g. an early-fusion model with its collaborators off) needs just the ego's
                     continue
                 raise ValueError(f"data.agent_types.{name} is a LiDAR type but the model has no LiDAR "
                                  f"encoder (voxel size) for it; model types: {sorted(voxel_sizes)}")
             self.voxelizers[name] = Voxelizer(voxel_sizes[name], cfg.lidar_range,
                                               spec.max_points_per_voxel, spec.max_voxels)
-        if cooperation == "early" and not self.voxelizers:
+        if cooperation == "early" and not any(t.sensor == "lidar" for t in cfg.agent_types.values()):
             raise ValueError("early fusion merges LiDAR points, but data.agent_types has no LiDAR type")
 
     def __len__(self) -> int:
@@ -236,17 +268,17 @@ class CooperativeDataset(Dataset):
         return agent.lidar_beams[beams]
 
     @staticmethod
-    def _virtual_lidar(pts: np.ndarray, T_ego_from_lidar: np.ndarray, rsu: AgentObs, ego: AgentObs):
+    def _virtual_lidar(pts: np.ndarray, rsu: AgentObs, ego: AgentObs):
         """A roadside LiDAR sits metres above a vehicle's, so the z range of ``lidar_range`` would
         cut its ground and cars away. Express its points in a virtual sensor frame moved down to the
-        ego LiDAR's height (same x, y, axes); ``T_ego_from_agent`` follows, so geometry is unchanged."""
+        ego LiDAR's height (same x, y, axes); -> (points, T_world_from_virtual), geometry unchanged."""
         dz = float(rsu.T_world_from_lidar[2, 3] - ego.T_world_from_lidar[2, 3])
         if abs(dz) < 0.5:
-            return pts, T_ego_from_lidar
+            return pts, rsu.T_world_from_lidar
         up = rsu.T_world_from_lidar[:3, :3].T @ np.array([0.0, 0.0, dz])  # world offset in the lidar's axes
         S = np.eye(4)
         S[:3, 3] = up  # p_virtual = p_lidar + up: the virtual sensor sits dz lower
-        return transform_points(S, pts), T_ego_from_lidar @ invert_transform(S)
+        return transform_points(S, pts), rsu.T_world_from_lidar @ invert_transform(S)
 
     def _camera_input(self, agent: AgentObs, spec: AgentTypeData, out: AgentInput) -> None:
         cams = [c for c in agent.cameras if c.image is not None]
@@ -276,6 +308,38 @@ class CooperativeDataset(Dataset):
         out.T_lidar_from_camera = np.stack(exts).astype(np.float32)
         out.depth = np.stack(depths).astype(np.float32) if depths else None
 
+    # ------------------------------------------------------------------ latency
+    def _earlier_index(self, index: int) -> int:
+        """The index of the frame ``latency_frames`` earlier in the same scenario (clamped)."""
+        if self._earlier is None:
+            samples = getattr(self.reader, "samples", None)
+            if samples is None:
+                raise ValueError(f"latency_frames needs a reader that lists its (scenario, timestamp) "
+                                 f"samples; {type(self.reader).__name__} does not")
+            samples = list(samples)
+            by_scenario: Dict[str, List[int]] = {}
+            for k, (scen, _) in enumerate(samples):
+                by_scenario.setdefault(scen, []).append(k)
+            earlier = [0] * len(samples)
+            for ks in by_scenario.values():
+                ks = sorted(ks, key=lambda k: samples[k][1])
+                for pos, k in enumerate(ks):
+                    earlier[k] = ks[max(pos - self.latency_frames, 0)]
+            self._earlier = earlier
+        return self._earlier[index]
+
+    def _stale(self, index: int, agents: List[AgentObs], now: float) -> Tuple[List[AgentObs], List[float]]:
+        """The collaborators as they were ``latency_frames`` earlier (the ego stays current),
+        with the timestamps their messages carry."""
+        old = self.read_frame(self._earlier_index(index))
+        by_id = {a.agent_id: a for a in old.agents}
+        out, times = [agents[0]], [now]
+        for a in agents[1:]:
+            if a.agent_id in by_id:  # an agent not in the earlier frame had nothing to send then
+                out.append(by_id[a.agent_id])
+                times.append(timestamp_value(old.timestamp))
+        return out, times
+
     # ------------------------------------------------------------------ item
     def __getitem__(self, index: int) -> Sample:
         frame = self.read_frame(index)
@@ -287,40 +351,41 @@ class CooperativeDataset(Dataset):
         ego = agents[0]
         A = sample_augmentation(self.cfg.augment, rng) if self.train else np.eye(4)
         T_augego_from_world = A @ invert_transform(ego.T_world_from_lidar)
-
-        gt = frame_ground_truth(frame, invert_transform(T_augego_from_world), self.cfg.lidar_range,
-                                classes=list(self.class_table))
+        T_world_from_augego = invert_transform(T_augego_from_world)
+        gt = frame_ground_truth(frame, T_world_from_augego, self.cfg.lidar_range, classes=list(self.class_table))
+        times = [timestamp_value(frame.timestamp)] * len(agents)
+        if self.latency_frames:
+            agents, times = self._stale(index, agents, times[0])
         inputs: List[AgentInput] = []
         if self.cooperation == "early":
-            merged, sent = [], []
-            for a in agents:
+            if self.cfg.agent_types[ego.agent_type].sensor != "lidar":
+                raise ValueError(f"early fusion needs a LiDAR ego; ego type {ego.agent_type} is a camera")
+            for a, ts in zip(agents, times):
                 spec = self.cfg.agent_types[a.agent_type]
                 if spec.sensor != "lidar":
-                    continue
-                T = T_augego_from_world @ a.T_world_from_lidar
-                merged.append(transform_points(T, self.lidar_points(a, spec.lidar_beams)))
-                if a is not ego:
-                    sent.append(int(merged[-1].nbytes))
-            ego_type = ego.agent_type
-            if self.cfg.agent_types[ego_type].sensor != "lidar":
-                raise ValueError(f"early fusion needs a LiDAR ego; ego type {ego_type} is a camera")
-            pts = np.concatenate(merged).astype(np.float32)
-            inputs.append(AgentInput(ego.agent_id, ego_type, np.eye(4, dtype=np.float32),
-                                     voxels=self.voxelizers[ego_type](pts), num_points=len(pts)))
+                    continue  # a camera agent has no points to send
+                pts = np.asarray(self.lidar_points(a, spec.lidar_beams), dtype=np.float32)
+                if a is ego and not np.allclose(A, np.eye(4)):
+                    pts, pose = transform_points(A, pts).astype(np.float32), T_world_from_augego
+                else:
+                    pose = a.T_world_from_lidar
+                inputs.append(AgentInput(a.agent_id, a.agent_type, np.asarray(pose, np.float64), ts,
+                                         points=pts, num_points=len(pts)))
         else:
-            for a in agents:
+            for a, ts in zip(agents, times):
                 t = a.agent_type
                 spec = self.cfg.agent_types[t]
-                T = T_augego_from_world @ a.T_world_from_lidar
+                pose = a.T_world_from_lidar
                 pts = self.lidar_points(a, spec.lidar_beams) if spec.sensor == "lidar" else None
                 move = a is ego or self.cfg.collaborator_frame == "ego"
+                T = T_augego_from_world @ pose
                 if move and pts is not None and not np.allclose(T, np.eye(4)):
                     # the ego's own points go into the augmented frame so its feature needs no warp
                     # (and every LiDAR agent's, with collaborator_frame "ego")
-                    pts, T = transform_points(T, pts), np.eye(4)
+                    pts, pose = transform_points(T, pts), T_world_from_augego
                 elif pts is not None and a.is_rsu and a is not ego:
-                    pts, T = self._virtual_lidar(pts, T, a, ego)
-                item = AgentInput(a.agent_id, t, T.astype(np.float32))
+                    pts, pose = self._virtual_lidar(pts, a, ego)
+                item = AgentInput(a.agent_id, t, np.asarray(pose, np.float64), ts)
                 if pts is not None:
                     if t not in self.voxelizers:
                         raise ValueError(f"agent {a.agent_id} is of type {t}, for which the model has no "
@@ -330,8 +395,6 @@ class CooperativeDataset(Dataset):
                 else:
                     self._camera_input(a, spec, item)
                 inputs.append(item)
-        return Sample(frame.scenario, str(frame.timestamp), ego.agent_id, inputs,
+        return Sample(frame.scenario, str(frame.timestamp), ego.agent_id, inputs, T_augego_from_world,
                       gt.boxes.astype(np.float32), gt.ids.astype(np.int64),
-                      np.asarray([self.class_table[t] for t in gt.types], dtype=np.int64),
-                      sent_bytes=sent if self.cooperation == "early" else [])
-
+                      np.asarray([self.class_table[t] for t in gt.types], dtype=np.int64))

@@ -52,7 +52,7 @@ def run_dynamic(cfg: ExperimentConfig, model, order: Sequence[str], split: str,
         types = list(order[:k])
         sub = copy.deepcopy(cfg)
         sub.data.agent_types = {t: cfg.data.agent_types[t] for t in types}
-        dataset = build_dataset(sub, model, split, train=False)
+        dataset = build_dataset(sub, split, train=False, fusion=model.fusion)
         res = evaluate(model, dataset, out_dir=None, max_frames=max_frames, label="+".join(types))
         params, gflops = onboarding_cost(model, types[-1]) if k > 1 else (None, None)
         rows.append(DynamicRow(types, res, params, gflops))

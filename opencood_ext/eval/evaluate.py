@@ -1,6 +1,11 @@
 """Evaluate a cooperative detector on a dataset split: AP@0.3/0.5/0.7 in both
-accumulation orders (FORMATS.md section 4), bytes each collaborator sends per
+accumulation orders (docs/formats.md section 4), bytes each collaborator sends per
 frame, time per frame, and BEV images of detections vs ground truth.
+
+Every frame goes through :meth:`CooperativeDetector.predict`: each
+collaborator's message is encoded, passes the channel (pose noise, loss;
+seeded by the frame index, so every method meets the same channel), and is
+decoded by the receiver; bytes are the encoded packets.
 """
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -18,6 +24,7 @@ import yaml
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from opencood_ext.comm.channel import ChannelConfig
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.eval.ap import APAccumulator, format_ap_table
 from opencood_ext.eval.localisation import LocalisationStats, format_localisation
@@ -44,6 +51,7 @@ class EvalResult:
     images: List[str] = field(default_factory=list)
     recall_by_visibility: Optional[Dict[str, dict]] = None
     localisation: Optional[Dict[str, dict]] = None  # opencood_ext.eval.localisation: box precision of found objects
+    channel: Dict[str, object] = field(default_factory=dict)  # settings and counts: sent, lost, rejected
 
     @property
     def log2_bytes(self) -> float:
@@ -58,6 +66,10 @@ class EvalResult:
         rows.append(f"bytes per message: {self.bytes_per_message:.0f} (log2 {self.log2_bytes:.2f}), "
                     f"{self.collaborators_per_frame:.2f} collaborators/frame, "
                     f"{self.seconds_per_frame * 1000:.0f} ms/frame")
+        if self.channel:
+            c = self.channel
+            rows.append(f"channel: {c.get('describe', '')}; messages sent {c.get('sent', 0)}, lost {c.get('lost', 0)}, "
+                        f"rejected by the receiver {c.get('rejected', 0)}")
         if self.recall_by_visibility:
             rows.append("recall@0.5 by who sees the object (>= 5 LiDAR points): " + ", ".join(
                 f"{g} {v['recall']:.3f} of {v['gt']}" if v["recall"] is not None else f"{g} - of 0"
@@ -82,19 +94,23 @@ def _plot_frame(dataset, index: int, dets, gt_boxes, path: Path, title: str) -> 
 
 
 def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0, max_frames: Optional[int] = None,
-             label: str = "", progress: bool = True) -> EvalResult:
+             label: str = "", progress: bool = True, channel: Optional[ChannelConfig] = None) -> EvalResult:
     """Run ``model.predict`` over ``dataset`` one frame at a time (ego = first agent).
 
+    channel: pose noise / message loss (:class:`~opencood_ext.comm.channel.ChannelConfig`); the
+    draws of frame i are keyed by i, so runs compared on the same frames meet the same channel.
     Besides AP, recall at IoU 0.5 is split by who sees each GT object: the ego, only a
     collaborator, nobody (:mod:`opencood_ext.eval.visibility`), for every fusion method alike."""
     model.eval()
+    channel = channel or ChannelConfig()
     vis = VisibilityRecall(0.5)
     loc = LocalisationStats()
     vis_defined = True
     device = next(model.parameters()).device
     acc = APAccumulator()
     sent: List[int] = []
-    collaborators = 0
+    collaborators = lost = 0
+    rejected: Counter = Counter()
     images = []
     n = len(dataset) if max_frames is None else min(len(dataset), max_frames)
     loader = DataLoader(torch.utils.data.Subset(dataset, range(n)), batch_size=1, shuffle=False,
@@ -103,8 +119,8 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
     for i, batch in enumerate(tqdm(loader, total=n, desc=f"eval {label or model.fusion}", disable=not progress,
                                    leave=False)):
         batch = batch.to(device)
-        dets, nbytes = model.predict(batch)
-        d = dets[0]
+        pred = model.predict(batch, channel=channel, keys=lambda b, i=i: (i,))
+        d = pred.detections[0]
         gt = batch.gt_boxes[0].cpu().numpy()
         boxes, scores = d.boxes.cpu().numpy(), d.scores.cpu().numpy()
         acc.add(boxes, scores, gt)
@@ -114,14 +130,10 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
             if vis_defined:
                 vis.add(groups, boxes, scores, gt)
         loc.add(groups if vis_defined else None, boxes, gt)
-        if model.fusion == "early":
-            sent.extend(batch.early_sent_bytes[0])
-            collaborators += len(batch.early_sent_bytes[0])
-        else:
-            collab = [j for j in range(batch.num_agents) if j != int(batch.ego_index[0])]
-            if model.fusion != "none":
-                sent.extend(int(nbytes[j]) for j in collab)
-            collaborators += len(collab) if model.fusion != "none" else 0
+        sent.extend(pred.delivery.bytes_sent)
+        collaborators += len(pred.delivery.bytes_sent)
+        lost += len(pred.delivery.lost)
+        rejected.update(reason.split(":")[0] for _, reason in pred.delivery.rejected)
         if out_dir is not None and plot_every and i % plot_every == 0:
             path = Path(out_dir) / "bev" / f"{label or model.fusion}_{i:05d}.png"
             _plot_frame(dataset, i, boxes, gt, path,
@@ -136,7 +148,10 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         bytes_per_message=float(np.mean(sent)) if sent else 0.0, frames=n,
         seconds_per_frame=elapsed / max(n, 1), num_gt=res["global"].num_gt, num_pred=res["global"].num_pred,
         collaborators_per_frame=collaborators / max(n, 1), images=images,
-        recall_by_visibility=vis.summary() if vis_defined else None, localisation=loc.summary())
+        recall_by_visibility=vis.summary() if vis_defined else None, localisation=loc.summary(),
+        channel={**asdict(channel), "describe": channel.describe(),
+                 "latency_frames": getattr(dataset, "latency_frames", 0), "sent": collaborators, "lost": lost,
+                 "rejected": sum(rejected.values()), "rejected_reasons": dict(rejected)})
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

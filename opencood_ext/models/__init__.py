@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 
 def _close(word: str, choices) -> str:
@@ -55,6 +55,7 @@ def build(spec: Mapping[str, Any], registry: Mapping[str, type], where: str,
     return cls(**args, **derived)
 
 
+from ..registry import Registry  # noqa: E402
 from .anchors import AnchorGenerator, BoxCoder, Targets, assign_targets  # noqa: E402
 from .backbone import ResNetBEVBackbone, ShrinkConv  # noqa: E402
 from .encoder_stack import EncoderStack  # noqa: E402
@@ -66,14 +67,14 @@ from .lss import LSSEncoder  # noqa: E402
 from .pointpillars import PointPillarEncoder  # noqa: E402
 from .second import SecondEncoder  # noqa: E402
 
-ENCODERS: Dict[str, type] = {
+ENCODERS = Registry("encoder", "per-type sensor encoders (model.agent_types.<t>.encoder.type)", {
     "pointpillars": PointPillarEncoder,
     "second": SecondEncoder,
     "lss": LSSEncoder,
-}
-BACKBONES: Dict[str, type] = {
+})
+BACKBONES = Registry("backbone", "BEV backbones (model.agent_types.<t>.backbone.type)", {
     "resnet_bev": ResNetBEVBackbone,
-}
+})
 REGISTRY: Dict[str, type] = {
     **ENCODERS,
     **BACKBONES,
@@ -82,8 +83,23 @@ REGISTRY: Dict[str, type] = {
     "anchor_head": AnchorHead,
 }
 
+
+def voxel_sizes(model_cfg: Mapping[str, Any]) -> Dict[str, Optional[Tuple[float, ...]]]:
+    """``{type: (vx, vy, vz)}`` of every LiDAR type of a ``model:`` config (None for camera types),
+    read from the config without building the model: what the data pipeline voxelises with."""
+    out: Dict[str, Optional[Tuple[float, ...]]] = {}
+    for t, spec in dict(model_cfg.get("agent_types") or {}).items():
+        enc = dict(spec.get("encoder") or {}) if isinstance(spec, Mapping) else {}
+        cls = ENCODERS.get_class(enc.get("type"), f"model.agent_types.{t}.encoder.type")
+        if cls.input_kind != "lidar":
+            out[t] = None
+            continue
+        default = inspect.signature(cls.__init__).parameters["voxel_size"].default
+        out[t] = tuple(float(v) for v in enc.get("voxel_size", default))
+    return out
+
 __all__ = [
-    "REGISTRY", "ENCODERS", "BACKBONES", "build", "AnchorGenerator", "BoxCoder", "Targets",
+    "REGISTRY", "ENCODERS", "BACKBONES", "build", "voxel_sizes", "AnchorGenerator", "BoxCoder", "Targets",
     "assign_targets", "ResNetBEVBackbone", "ShrinkConv", "EncoderStack", "AnchorHead", "HeadOutput",
     "CameraInput", "LidarInput", "EncoderOutput", "DetectionLoss", "LossTerms", "LSSEncoder",
     "PointPillarEncoder", "SecondEncoder",

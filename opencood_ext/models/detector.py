@@ -1,62 +1,53 @@
 """The heterogeneous cooperative detector: one encoder stack per agent type, a
-communication link, fusion and a shared anchor head.
+fusion method, a fusion op and a shared anchor head.
 
-Fusion methods (``fusion``):
+The fusion method (``fusion``: none / early / late / intermediate, the registry
+:data:`~opencood_ext.models.fusion_methods.FUSION_METHODS`) says what each
+collaborator sends and what the ego does with it; intermediate fusion also
+names a ``link`` (:data:`~opencood_ext.models.links.LINKS`: the full feature,
+GenComm's message, ...). One path for everything (training, evaluation, the
+live demo)::
 
-* ``none``: the ego's own feature only (train and test on ``cooperation="ego_only"``).
-* ``early``: the dataset merged every LiDAR agent's points into the ego frame;
-  the model sees one cloud per sample (``cooperation="early"``).
-* ``late``: trained like ``none`` (each agent a detector of its own view;
-  ``forward`` is the ego's view); ``predict`` lets every agent detect in its own frame, boxes move to the ego frame
-  and are merged by rotated NMS. Bytes = boxes sent.
-* ``intermediate``: per-agent BEV features go through ``link`` (full feature or
-  GenComm message), are fused per pixel (``fusion_op``) and detected.
+    encode(batch)                       per-agent BEV features, each in its own frame
+    method.send(...)        -> Messages collaborators' payloads + their poses (headers)
+    transmit(...)           -> Delivery in memory (training) or as bytes through the channel
+    method.receive/detect   -> head maps / detections, from what ARRIVED and the ego's own pose
 
 Shapes: N agents in the batch (all samples flattened, ego first per sample),
 B samples, features (N, C, H, W) on the common :class:`BEVGrid`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List, Literal, Optional, Union
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
-from opencood_ext.models import build
-from opencood_ext.models.anchors import AnchorGenerator, BoxCoder, Targets, assign_targets
-from opencood_ext.models.encoder_stack import EncoderStack
-from opencood_ext.models.fusion import AttFusion, MaxFusion
-from opencood_ext.models.head import AnchorHead, HeadOutput
-from opencood_ext.models.losses import DetectionLoss
-from opencood_ext.geometry.iou import rotated_nms
-from opencood_ext.models.warp import warp_to_ego
-from opencood_ext.postprocess import Detections, decode_detections
+from ..comm.channel import ChannelConfig
+from ..comm.messages import Delivery, transmit
+from ..postprocess import Detections, decode_detections
+from ..registry import Registry
+from . import build
+from .anchors import AnchorGenerator, BoxCoder, Targets, assign_targets
+from .encoder_stack import EncoderStack
+from .fusion import AttFusion, MaxFusion
+from .fusion_methods import FUSION_METHODS, ModelOutput
+from .head import AnchorHead, HeadOutput
+from .links import LINKS
+from .losses import DetectionLoss, LossOutput
 
-from .links import LINKS, LinkOutput
-from .losses import LossOutput
-
-BOX_BYTES = 8 * 4  # late fusion: 7 box values + score as float32
+FUSION_OPS = Registry("fusion op", "per-pixel fusion of the ego's and the received features (model.fusion_op)",
+                      {"att": AttFusion, "max": MaxFusion})
 
 
 @dataclass
-class ModelOutput:
-    """head: (B, ...) maps on the ego grid.
-    depth_logits: per camera type (n_t, Ncam, D, h, w). link: the link's output."""
+class Prediction:
+    """detections: B :class:`Detections` in each ego frame. delivery: what was sent, what arrived,
+    bytes per message, what was lost or rejected (:class:`~opencood_ext.comm.messages.Delivery`)."""
 
-    head: HeadOutput
-    depth_logits: Dict[str, Tensor] = field(default_factory=dict)
-    link: Optional[LinkOutput] = None
-
-
-def transform_boxes(boxes: Tensor, T: Tensor) -> Tensor:
-    """(P, 7) boxes by a rigid (4, 4) ``T`` (yaw from T's xy rotation)."""
-    if len(boxes) == 0:
-        return boxes
-    out = boxes.clone()
-    out[:, :3] = boxes[:, :3] @ T[:3, :3].T + T[:3, 3]
-    out[:, 6] = boxes[:, 6] + torch.atan2(T[1, 0], T[0, 0])
-    return out
+    detections: List[Detections]
+    delivery: Delivery
 
 
 class CooperativeDetector(nn.Module):
@@ -68,26 +59,35 @@ class CooperativeDetector(nn.Module):
     anchors: AnchorGenerator arguments except the grid (sizes, rotations, z_center).
     pos_iou / neg_iou: target assignment thresholds (one, or one per class).
     loss: DetectionLoss arguments. depth_weight: LSS depth supervision weight.
-    score_threshold / nms_iou / max_boxes: post-processing (FORMATS.md section 4).
+    score_threshold / nms_iou / max_boxes: post-processing (docs/formats.md section 4).
+    train_message_drop: probability that each collaborator's message is lost in a training step
+        (messages travel in memory there); 0 = never. Teaches the receiver to cope without them.
+    voxel_caps: derived from ``data.agent_types``: ``{type: (max_points_per_voxel, max_voxels)}``,
+        used where the receiver voxelises (early fusion's merged cloud; None = every grid cell).
     post_fusion_layers: 3x3 conv-BN-ReLU layers (C -> C) between fusion and the 1x1 head,
         for every fusion method alike (0: the head reads each fused cell alone). A warped
         collaborator feature says its boxes' sub-cell offsets and yaw in the sender's grid and
         axes; only layers that see neighbouring cells can read the rotated map (README).
     """
 
-    def __init__(self, agent_types: Dict[str, dict], lidar_range,
-                 fusion: Literal["none", "early", "late", "intermediate"] = "intermediate",
-                 fusion_op: Literal["att", "max"] = "att", link: Optional[dict] = None,
+    def __init__(self, agent_types: Dict[str, dict], lidar_range, fusion: str = "intermediate",
+                 fusion_op: str = "att", link: Optional[dict] = None,
                  anchors: Optional[dict] = None, pos_iou: Union[float, List[float]] = 0.6,
                  neg_iou: Union[float, List[float]] = 0.45,
                  loss: Optional[dict] = None, depth_weight: float = 1.0,
                  score_threshold: float = 0.2, nms_iou: float = 0.15, max_boxes: int = 150,
-                 post_fusion_layers: int = 0):
+                 post_fusion_layers: int = 0, train_message_drop: float = 0.0,
+                 voxel_caps: Optional[Dict[str, Tuple[int, Optional[int]]]] = None):
         super().__init__()
         if not agent_types:
             raise ValueError("model.agent_types is empty: name at least one agent type")
         self.lidar_range = [float(v) for v in lidar_range]
-        self.fusion = fusion
+        self.method = FUSION_METHODS.get_class(fusion, "model.fusion")()
+        if not 0.0 <= float(train_message_drop) <= 1.0:
+            raise ValueError(f"model.train_message_drop must be a probability in [0, 1], got {train_message_drop}")
+        self.train_message_drop = float(train_message_drop)
+        self.voxel_caps = dict(voxel_caps or {})
+        self.wire_dtype: Optional[str] = None  # run-time override of the payload dtype (float kinds)
         self.encoders = nn.ModuleDict({
             t: build(spec, {"stack": EncoderStack}, f"model.agent_types.{t}", default_type="stack",
                      lidar_range=self.lidar_range)
@@ -106,8 +106,9 @@ class CooperativeDetector(nn.Module):
         spec = dict(link or {"type": "full_feature"})
         self.link = build(spec, LINKS, "model.link", channels=self.channels,
                           agent_types=list(agent_types), lidar_range=self.lidar_range) \
-            if fusion == "intermediate" else None
-        self.fuse = (AttFusion(self.channels) if fusion_op == "att" else MaxFusion())
+            if self.method.needs_link else None
+        fuse_cls = FUSION_OPS.get_class(fusion_op, "model.fusion_op")
+        self.fuse = fuse_cls(self.channels) if fuse_cls is AttFusion else fuse_cls()
         if post_fusion_layers < 0:
             raise ValueError(f"model.post_fusion_layers must be >= 0, got {post_fusion_layers}")
         self.post_fusion = nn.Sequential(*[
@@ -124,12 +125,27 @@ class CooperativeDetector(nn.Module):
         self.depth_weight = float(depth_weight)
         self.post = dict(score_threshold=score_threshold, nms_iou=nms_iou, max_boxes=max_boxes)
 
+    @property
+    def fusion(self) -> str:
+        """The fusion method's name (``model.fusion``)."""
+        return self.method.name
+
+    def set_fusion(self, name: str) -> None:
+        """Run the trained model with another fusion method (e.g. late fusion of an ego-only detector,
+        or any cooperative model with its collaborators off: "none")."""
+        method = FUSION_METHODS.get_class(name, "fusion method")()
+        if method.needs_link and self.link is None:
+            raise ValueError(f"fusion '{name}' needs a link, and this model was trained without one; "
+                             f"it can run {sorted(k for k, c in FUSION_METHODS.items() if not c.needs_link)}")
+        self.method = method
+
     # ------------------------------------------------------------------ features
     def voxel_sizes(self) -> Dict[str, Optional[tuple]]:
         return {t: s.voxel_size for t, s in self.encoders.items()}
 
-    def encode(self, batch) -> tuple:
-        """-> features (N, C, H, W) each in its agent's frame, depth logits per camera type."""
+    def encode(self, batch) -> Tuple[Optional[Tensor], Dict[str, Tensor]]:
+        """-> features (N, C, H, W) each in its agent's frame (None when the batch has no encoder
+        input, as in early fusion), depth logits per camera type."""
         H, W = self.grid.shape
         feats = None
         depth = {}
@@ -146,18 +162,40 @@ class CooperativeDetector(nn.Module):
 
     def detect(self, bev: Tensor) -> HeadOutput:
         """(N, C, H, W) fused (or single-agent) BEV maps -> head maps: the post-fusion layers,
-        then the 1x1 head. Every detection path goes through here (training, late fusion, live demo)."""
+        then the 1x1 head. Every detection path goes through here."""
         return self.head(self.post_fusion(bev))
 
+    def decode(self, head: HeadOutput, gt_range: Union[str, None, Sequence[float]] = "ego") -> List[Detections]:
+        """Head maps -> detections (post-processing settings of this model); ``gt_range`` "ego"
+        keeps boxes inside the ego's detection area, None keeps all."""
+        r = self.lidar_range if gt_range == "ego" else gt_range
+        return decode_detections(head, self.anchors, coder=self.coder, gt_range=r, **self.post)
+
+    def in_range(self, boxes: Tensor) -> Tensor:
+        """(P,) bool: boxes (P, 7) kept in the ego's detection area (the evaluation's range rule)."""
+        r = self.lidar_range
+        return (boxes[:, 0] >= r[0]) & (boxes[:, 0] <= r[3]) & (boxes[:, 1] >= r[1]) & (boxes[:, 1] <= r[4])
+
+    # ------------------------------------------------------------------ one path
+    def deliver(self, messages, channel: Optional[ChannelConfig] = None, keys=None, wire: Optional[bool] = None,
+                now=None) -> Delivery:
+        """Move ``messages`` to their receivers: in memory while training (with
+        ``train_message_drop``), else as bytes through ``channel`` (:func:`transmit`)."""
+        wire = (not self.training) if wire is None else wire
+        dtype = self.method.wire_dtype(self)
+        if self.wire_dtype is not None and messages.kind != "codes":
+            dtype = self.wire_dtype
+        return transmit(messages, wire=wire, dtype=dtype, channel=channel, keys=keys,
+                        accept=self.method.accept(self), now=now,
+                        train_drop=self.train_message_drop if self.training else 0.0)
+
     def forward(self, batch) -> ModelOutput:
+        """Training and validation: messages travel in memory, so gradients reach the senders."""
         feats, depth = self.encode(batch)
-        ego_index = batch.ego_index.to(feats.device)
-        if self.fusion == "intermediate":
-            link = self.link(feats, batch)
-            fused = self.fuse(link.features, batch.agents_per_sample, link.valid)
-            return ModelOutput(self.detect(fused), depth_logits=depth, link=link)
-        ego = warp_to_ego(feats[ego_index], batch.T_ego_from_agent[ego_index].to(feats.device), self.lidar_range)
-        return ModelOutput(self.detect(ego), depth_logits=depth)
+        arrived = self.deliver(self.method.send(self, batch, feats), wire=False).arrived
+        out = self.method.receive(self, batch, feats, arrived)
+        out.depth_logits = depth
+        return out
 
     # ------------------------------------------------------------------ loss
     def targets(self, gt_boxes: List[Tensor], gt_classes: List[Tensor]) -> Targets:
@@ -179,44 +217,17 @@ class CooperativeDetector(nn.Module):
                 d = self.depth_weight * self.encoders[t].encoder.depth_loss(logits, inp.depth)
                 parts[f"depth_{t}"] = d
                 total = total + d
-        if out.link is not None:
-            for k, v in out.link.losses.items():
-                parts[k] = v
-                total = total + v
+        for k, v in out.losses.items():
+            parts[k] = v
+            total = total + v
         return LossOutput(total=total, parts=parts)
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
-    def predict(self, batch) -> tuple:
-        """-> (list of B :class:`Detections` in each ego frame, (N,) bytes each agent sent)."""
-        n = batch.num_agents
-        nbytes = torch.zeros(n, dtype=torch.long)
-        if self.fusion == "late":
-            feats, _ = self.encode(batch)  # every agent detects in its own frame
-            per_agent = decode_detections(self.detect(feats), self.anchors, coder=self.coder, **self.post)
-            dets = []
-            start = 0
-            ego_index = batch.ego_index.tolist()
-            for b, count in enumerate(batch.agents_per_sample):
-                boxes, scores, labels = [], [], []
-                for i in range(start, start + count):
-                    d = per_agent[i]
-                    boxes.append(transform_boxes(d.boxes, batch.T_ego_from_agent[i].to(d.boxes.device)))
-                    scores.append(d.scores)
-                    labels.append(d.labels)
-                    if i != ego_index[b]:
-                        nbytes[i] = len(d.boxes) * BOX_BYTES
-                start += count
-                boxes, scores, labels = torch.cat(boxes), torch.cat(scores), torch.cat(labels)
-                keep = rotated_nms(boxes, scores, self.post["nms_iou"], self.post["max_boxes"]) if len(boxes) \
-                    else torch.zeros(0, dtype=torch.long)
-                boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
-                r = self.lidar_range
-                inside = (boxes[:, 0] >= r[0]) & (boxes[:, 0] <= r[3]) & (boxes[:, 1] >= r[1]) & (boxes[:, 1] <= r[4])
-                dets.append(Detections(boxes=boxes[inside], scores=scores[inside], labels=labels[inside]))
-            return dets, nbytes
-        out = self.forward(batch)
-        dets = decode_detections(out.head, self.anchors, coder=self.coder, gt_range=self.lidar_range, **self.post)
-        if out.link is not None and out.link.bytes_sent is not None:
-            nbytes = out.link.bytes_sent.cpu()
-        return dets, nbytes
+    def predict(self, batch, channel: Optional[ChannelConfig] = None, keys=None, now=None) -> Prediction:
+        """Inference: every message goes through the wire (encode, ``channel``, decode, the
+        receiver's acceptance rules). keys(b): the channel's draw key for sample b (default b)."""
+        feats, _ = self.encode(batch)
+        delivery = self.deliver(self.method.send(self, batch, feats), channel=channel, keys=keys, wire=True,
+                                now=now)
+        return Prediction(self.method.detect(self, batch, feats, delivery.arrived), delivery)

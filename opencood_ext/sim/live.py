@@ -1,11 +1,14 @@
 """Live cooperative detection on any World backend (built-in or CARLA).
 
 Each tick: every agent of the ego's alliance encodes its own sensor data; the
-collaborators' messages (GenComm's 2-channel map, or the full feature) are
-serialised with :mod:`opencood_ext.comm` and pass through a channel with optional
-latency, loss and pose noise; the ego decodes what arrived, places each message
-with the POSE IN ITS HEADER (so pose noise and stale messages act as they
-would on a road), generates features in its own space, fuses, and detects.
+collaborators' messages (whatever the model's fusion method sends: a GenComm
+map, a full feature, boxes, points) are encoded to bytes and pass through a
+channel with optional latency, loss and pose noise; the ego decodes what
+arrived, rejects what it cannot use (logged and counted; the ego keeps
+detecting), places each message with the POSE IN ITS HEADER (so pose noise
+and stale messages act as they would on a road) and detects. The sender and
+receiver are the fusion method's own ``send`` / ``detect``, the code path of
+training and dataset evaluation (:mod:`opencood_ext.models.fusion_methods`).
 """
 from __future__ import annotations
 
@@ -16,15 +19,13 @@ from typing import List, Optional
 import numpy as np
 import torch
 
+from opencood_ext.comm import ChannelEffects, encode
+from opencood_ext.comm.messages import from_wire, receive_packet
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset
 from opencood_ext.data.frame import Frame
 from opencood_ext.eval.ap import APAccumulator
-from opencood_ext.geometry import invert_transform
-from opencood_ext.models.warp import warp_mask
-from opencood_ext.postprocess import decode_detections
-
-from ..comm import ChannelEffects, Message, encode, receive_all
+from opencood_ext.models import voxel_sizes
 
 log = logging.getLogger(__name__)
 
@@ -47,70 +48,58 @@ class TickResult:
 
 
 class LiveCooperation:
-    """Runs a trained intermediate-fusion (or no-fusion) model frame by frame."""
+    """Runs a trained model frame by frame (any fusion method). ``wire_dtype`` overrides the
+    payload dtype of float payloads."""
 
     def __init__(self, cfg, model, effects: Optional[ChannelEffects] = None, wire_dtype: Optional[str] = None):
-        if model.fusion not in ("intermediate", "none"):
-            raise ValueError(f"the live demo runs intermediate-fusion models (GenComm or full feature) or "
-                             f"no fusion; this model is '{model.fusion}'")
         self.cfg = cfg
         self.model = model.eval()
         self.effects = effects or ChannelEffects()
-        link = model.link
-        self.wire_dtype = wire_dtype or getattr(link, "wire_dtype", "float32")
+        self.wire_dtype = wire_dtype
         self.acc = APAccumulator()
         self.ticks = 0
         self.total_bytes = 0
         self.total_messages = 0
+        self.total_rejected = 0
+        self._sizes = voxel_sizes(cfg.model) if cfg.model else model.voxel_sizes()
 
     def _sample(self, frame: Frame):
-        ds = CooperativeDataset([frame], self.cfg.data, self.model.voxel_sizes(), train=False,
-                                cooperation="all" if self.model.fusion == "intermediate" else "ego_only")
+        ds = CooperativeDataset([frame], self.cfg.data, self._sizes, train=False,
+                                cooperation=self.model.method.dataset_agents(train=False))
         return ds.select_agents(ds.read_frame(0), np.random.default_rng(0)), ds[0]
 
     @torch.no_grad()
     def step(self, frame: Frame) -> TickResult:
         agents, sample = self._sample(frame)
         batch = collate_samples([sample])
-        model = self.model
+        model, method = self.model, self.model.method
         feats, _ = model.encode(batch)
-        ego_feat = feats[:1]
-        ego = agents[0]
-        ego_type = batch.agent_types[0]
-        packets, sizes = [], []
-        if model.fusion == "intermediate":
-            msgs = model.link.messages(feats, batch.agent_types)
-            for i in range(1, batch.num_agents):
-                a = agents[i]
-                packet = encode(Message(sender_id=a.agent_id, agent_type=a.agent_type,
-                                        timestamp=float(frame.timestamp), pose=a.T_world_from_lidar,
-                                        payload=msgs[i].cpu().numpy()), dtype=self.wire_dtype)
-                packets.append(packet)
-                sizes.append(len(packet))
-        delivered = self.effects.step(packets)
-        received, rejected = receive_all(delivered)
-        received = [m for m in received if m.sender_id != ego.agent_id]
-        if received:
-            T_ego_from_world = invert_transform(ego.T_world_from_lidar)
-            T = torch.as_tensor(np.stack([T_ego_from_world @ m.pose for m in received]), dtype=torch.float32)
-            payload = torch.stack([torch.as_tensor(m.payload, dtype=torch.float32) for m in received])
-            H, W = model.grid.shape
-            valid = warp_mask(T, model.lidar_range, (H, W))
-            gen = model.link.generate(payload, T, ego_feat.expand(len(received), -1, -1, -1),
-                                      [ego_type] * len(received)) * valid
-            fused = model.fuse(torch.cat([ego_feat, gen]), [1 + len(received)],
-                               torch.cat([torch.ones(1, 1, H, W), valid]))
-        else:
-            fused = ego_feat
-        det = decode_detections(model.detect(fused), model.anchors, coder=model.coder,
-                                gt_range=model.lidar_range, **model.post)[0]
+        sent = method.send(model, batch, feats)
+        dtype = method.wire_dtype(model) if self.wire_dtype is None or sent.kind == "codes" else self.wire_dtype
+        packets = [encode(sent.to_wire(i), dtype=dtype) for i in range(len(sent))]
+        sizes = [len(p) for p in packets]
+        accept = method.accept(model)
+        received, rejected = [], []
+        for k, packet in enumerate(self.effects.step(packets)):
+            got = receive_packet(packet, accept)
+            if isinstance(got, str):
+                rejected.append(f"packet {k}: {got}")
+            elif got.sender_id == sample.ego_id:
+                rejected.append(f"packet {k}: from the ego itself")
+            else:
+                received.append(got)
+        for reason in rejected:
+            log.warning("tick %d: message rejected: %s", self.ticks + 1, reason)
+        arrived = from_wire(received, [0] * len(received), [-1] * len(received)) if received \
+            else sent.select([])
+        det = method.detect(model, batch, feats, arrived)[0]
         self.acc.add(det.boxes, det.scores, sample.gt_boxes)
         self.ticks += 1
         self.total_bytes += sum(sizes)
         self.total_messages += len(sizes)
-        return TickResult(self.ticks, ego.agent_id, det.boxes.numpy(), det.scores.numpy(), sample.gt_boxes,
-                          sizes, len(received), [f"packet {i}: {r}" for i, r in rejected],
-                          [a.agent_id for a in agents])
+        self.total_rejected += len(rejected)
+        return TickResult(self.ticks, sample.ego_id, det.boxes.numpy(), det.scores.numpy(), sample.gt_boxes,
+                          sizes, len(received), rejected, [a.agent_id for a in agents])
 
     def running_ap(self) -> dict:
         """AP so far (global order) at 0.3 / 0.5 / 0.7."""

@@ -1,0 +1,203 @@
+"""Messages of a batch and their transmission: the one path from a sender's
+payload to what a receiver gets, for every fusion method.
+
+:class:`Messages` holds what the collaborators of a collated batch send, one
+entry per message: the payload in the SENDER's frame and what the header
+carries (sender id, agent type, timestamp, ``pose`` = T_world_from_sender).
+``receiver`` says which sample's ego it is for. ``source_row`` is local
+bookkeeping (the sender's row in the batch, for training losses and
+analysis); it never crosses the wire and no receiver uses it to place a
+message.
+
+:func:`transmit` moves a batch's messages to their receivers:
+
+* in memory (training, validation): payload tensors pass as they are, so
+  gradients flow from the receiver back into the sender's modules; an optional
+  random loss (``train_drop``) teaches the receiver to cope without them;
+* on the wire (inference): each message is encoded to bytes (counted), passes
+  the channel (:mod:`.channel`: pose noise, loss), and is decoded under the
+  receiver's :class:`Acceptance` rules. A message the receiver cannot use is
+  rejected with a reason, logged and counted; the rest carry on.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import numpy as np
+
+import torch
+from torch import Tensor
+
+from .channel import ChannelConfig, apply_channel
+from .wire import Limits, Message, MessageError, decode, encode
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Messages:
+    """Messages of one batch (n entries). payload: n tensors shaped by ``kind`` (see
+    :mod:`.wire`), each in its sender's frame. pose: (n, 4, 4) float64 T_world_from_sender."""
+
+    kind: str
+    receiver: List[int]
+    source_row: List[int]
+    sender_id: List[int]
+    agent_type: List[str]
+    timestamp: List[float]
+    pose: Tensor
+    payload: List[Tensor]
+
+    def __post_init__(self):
+        n = len(self.receiver)
+        for name in ("source_row", "sender_id", "agent_type", "timestamp", "payload"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"Messages.{name} has {len(getattr(self, name))} entries, receiver has {n}")
+        if tuple(self.pose.shape) != (n, 4, 4):
+            raise ValueError(f"Messages.pose must be ({n}, 4, 4), got {tuple(self.pose.shape)}")
+
+    def __len__(self) -> int:
+        return len(self.receiver)
+
+    @classmethod
+    def empty(cls, kind: str) -> "Messages":
+        return cls(kind, [], [], [], [], [], torch.zeros(0, 4, 4, dtype=torch.float64), [])
+
+    def select(self, keep: Sequence[int]) -> "Messages":
+        """The entries at ``keep`` (indices), in that order."""
+        keep = list(keep)
+        return Messages(self.kind, [self.receiver[i] for i in keep], [self.source_row[i] for i in keep],
+                        [self.sender_id[i] for i in keep], [self.agent_type[i] for i in keep],
+                        [self.timestamp[i] for i in keep], self.pose[keep] if keep else self.pose[:0],
+                        [self.payload[i] for i in keep])
+
+    def stacked(self) -> Tensor:
+        """payloads as one (n, ...) tensor (they must share a shape)."""
+        return torch.stack(self.payload)
+
+    def T_ego_from_sender(self, T_ego_from_world: Tensor) -> Tensor:
+        """(n, 4, 4) float32: each message's pose seen from its receiver, ``T_ego_from_world`` (B, 4, 4)
+        being the receivers' own poses (the only other thing a receiver knows)."""
+        if not len(self):
+            return torch.zeros(0, 4, 4)
+        T = T_ego_from_world.to(torch.float64)[torch.as_tensor(self.receiver)] @ self.pose.to(T_ego_from_world.device)
+        return T.float()
+
+    def to_wire(self, i: int) -> Message:
+        return Message(sender_id=self.sender_id[i], agent_type=self.agent_type[i], timestamp=self.timestamp[i],
+                       pose=self.pose[i].detach().cpu().numpy(), payload=self.payload[i], kind=self.kind)
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """What a receiver can use; anything else is rejected (logged, counted), never crashes it.
+
+    kind: the payload kind it reads. shape: the exact payload shape, or None (boxes and points
+    vary in length; ``max_elements`` still bounds them). agent_types: senders it knows (None = any).
+    max_abs: largest |value| a payload may carry. max_age: largest ``receiver_time - timestamp``
+    (None = any age)."""
+
+    kind: str
+    shape: Optional[Tuple[int, ...]] = None
+    agent_types: Optional[Set[str]] = None
+    max_elements: int = 1 << 28
+    max_abs: Optional[float] = 1e6
+    max_age: Optional[float] = None
+
+    def limits(self) -> Limits:
+        n = math.prod(self.shape) if self.shape is not None else self.max_elements
+        return Limits(max_elements=min(n, self.max_elements), max_abs=self.max_abs)
+
+    def check(self, msg: Message, now: Optional[float] = None) -> Optional[str]:
+        """None when ``msg`` (decoded) is usable, else the reason."""
+        if msg.kind != self.kind:
+            return f"payload kind {msg.kind!r}, this receiver reads {self.kind!r}"
+        if self.shape is not None and tuple(msg.payload.shape) != tuple(self.shape):
+            return f"payload shape {tuple(msg.payload.shape)}, this receiver needs {tuple(self.shape)}"
+        if self.agent_types is not None and msg.agent_type not in self.agent_types:
+            return f"unknown agent type {msg.agent_type!r} (known: {sorted(self.agent_types)})"
+        if self.max_age is not None and now is not None and now - msg.timestamp > self.max_age:
+            return f"stale: sent at {msg.timestamp:g}, now {now:g}, older than {self.max_age:g}"
+        return None
+
+
+@dataclass
+class Delivery:
+    """What :func:`transmit` did. arrived: the usable messages (payloads as received);
+    bytes_sent: (n,) encoded bytes of each sent message (0 in memory); lost: indices of sent
+    messages the channel lost; rejected: (index, reason) of those the receiver refused."""
+
+    sent: Messages
+    arrived: Messages
+    bytes_sent: List[int]
+    lost: List[int] = field(default_factory=list)
+    rejected: List[Tuple[int, str]] = field(default_factory=list)
+
+    def bytes_by_source_row(self) -> Dict[int, int]:
+        return {r: b for r, b in zip(self.sent.source_row, self.bytes_sent)}
+
+
+def receive_packet(packet: bytes, accept: Acceptance, now: Optional[float] = None) -> Union[Message, str]:
+    """The receiver's side of one packet: the decoded :class:`Message` when it is usable, else the
+    reason it was rejected (decode checks under ``accept.limits()``, then ``accept.check``)."""
+    try:
+        msg = decode(packet, accept.limits())
+    except MessageError as exc:
+        return exc.reason
+    reason = accept.check(msg, now)
+    return msg if reason is None else reason
+
+
+def from_wire(received: Sequence[Message], receiver: Sequence[int], source_row: Sequence[int]) -> Messages:
+    """Decoded messages -> :class:`Messages` (payloads, poses and ids as they arrived)."""
+    if not received:
+        return Messages.empty("bev")
+    return Messages(received[0].kind, list(receiver), list(source_row), [m.sender_id for m in received],
+                    [m.agent_type for m in received], [m.timestamp for m in received],
+                    torch.from_numpy(np.stack([m.pose for m in received])), [m.payload for m in received])
+
+
+def transmit(messages: Messages, *, wire: bool, dtype: str = "float32", channel: Optional[ChannelConfig] = None,
+             keys: Optional[Callable[[int], Sequence[int]]] = None, accept: Optional[Acceptance] = None,
+             now: Optional[Sequence[float]] = None, train_drop: float = 0.0) -> Delivery:
+    """Move ``messages`` to their receivers (module docstring).
+
+    wire: False -> in memory (``train_drop``: probability of losing each message, torch RNG);
+    True -> encode / channel / decode. keys(receiver) -> the channel's draw key for that
+    receiver's sample (default: the receiver index). now: per receiver, its current time
+    (for ``accept.max_age``)."""
+    n = len(messages)
+    if not wire:
+        if train_drop > 0 and n:
+            keep = (torch.rand(n) >= train_drop).nonzero().flatten().tolist()
+            lost = sorted(set(range(n)) - set(keep))
+            return Delivery(messages, messages.select(keep), [0] * n, lost=lost)
+        return Delivery(messages, messages, [0] * n)
+    channel = channel or ChannelConfig()
+    accept = accept or Acceptance(kind=messages.kind)
+    nbytes, lost, rejected, keep, received = [0] * n, [], [], [], []
+    for i in range(n):
+        packet = encode(messages.to_wire(i), dtype=dtype)
+        nbytes[i] = len(packet)
+        r = messages.receiver[i]
+        packet = apply_channel(packet, channel, tuple(keys(r)) if keys else (r,))
+        if packet is None:
+            lost.append(i)
+            continue
+        got = receive_packet(packet, accept, None if now is None else now[r])
+        if isinstance(got, str):
+            log.warning("message from agent %s (%s) rejected: %s", messages.sender_id[i], messages.agent_type[i], got)
+            rejected.append((i, got))
+            continue
+        keep.append(i)
+        received.append(got)
+    arrived = from_wire(received, [messages.receiver[i] for i in keep], [messages.source_row[i] for i in keep])
+    if received:
+        device = messages.payload[keep[0]].device
+        arrived.payload = [p.to(device) for p in arrived.payload]
+    else:
+        arrived = Messages.empty(messages.kind)
+    return Delivery(messages, arrived, nbytes, lost=lost, rejected=rejected)
