@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Onboard new agent types into an existing GenComm alliance (stage 2).
 
-    python tools/onboard.py --ego runs/STAGE1_M1 --new runs/STAGE1_M3 [--new ...] -o runs/ONBOARD
-                            [-y configs/sim/gencomm_stage2_m1_m3.yaml] [--epochs N] [--set train.lr=0.0005]
+    gencomm-onboard --ego runs/STAGE1_M1 --new runs/STAGE1_M3 [--new ...] -o runs/ONBOARD
+                    [-y configs/sim/gencomm_stage2_m1_m3.yaml] [--epochs N] [--set train.lr=0.0005]
 
 Without -y the stage-2 experiment is composed from the runs: the ego's
 settings, each new type's stack, lr 5e-4, detection loss only.
@@ -10,7 +9,8 @@ settings, each new type's stack, lr 5e-4, detection loss only.
 Merges the stage-1 checkpoints, freezes everything except the new types'
 message extractors (frozen BatchNorm stays in eval mode every epoch), trains
 with the detection loss only, and prints the trainable parameters per new type
-and the wall time against stage 1. Re-running on the same -o folder resumes.
+and the wall time against stage 1. Re-running on the same -o folder resumes. From a checkout,
+``python tools/onboard.py`` runs the same command.
 """
 from __future__ import annotations
 
@@ -19,10 +19,6 @@ import json
 import logging
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import gencomm  # noqa: E402,F401  (registers the GenComm link with opencood_ext)
 
 
 def main(argv=None) -> int:

@@ -1,17 +1,17 @@
-#!/usr/bin/env python
 """Co-simulation demo: connected vehicles drive, exchange GenComm messages every
 tick, and the ego shows fused detections live. With a CARLA server it uses
 CARLA; without one it runs the same loop on the built-in world.
 
-    python tools/carla_demo.py live --model_dir RUN [--backend auto|carla|builtin] [--host H --port P]
-                                    [--ticks N] [--out DIR] [--latency K] [--drop P]
-                                    [--pose-noise-m M] [--pose-noise-deg D] [--wire-dtype float16] [--show]
-    python tools/carla_demo.py record -o DIR [--backend auto|carla|builtin] [--scenarios N] [--frames M]
+    gencomm-demo live --model_dir RUN [--backend auto|carla|builtin] [--host H --port P]
+                      [--ticks N] [--out DIR] [--latency K] [--drop P]
+                      [--pose-noise-m M] [--pose-noise-deg D] [--wire-dtype float16] [--show]
+    gencomm-demo record -o DIR [--backend auto|carla|builtin] [--scenarios N] [--frames M]
 
 ``live`` prints running AP and bytes per tick, writes a bird's-eye PNG per tick
 and an animated GIF (``--out``, default RUN/live); ``--show`` also opens a
 matplotlib window when a display is available. ``record`` writes OPV2V-H-format
-data through the same recorder as ``tools/simulate.py``.
+data through the same recorder as ``gencomm-sim``. From a checkout,
+``python tools/carla_demo.py`` runs the same command.
 """
 from __future__ import annotations
 
@@ -21,10 +21,6 @@ import logging
 import os
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import gencomm  # noqa: E402,F401  (registers the GenComm link with opencood_ext)
 
 log = logging.getLogger("carla_demo")
 

@@ -1,12 +1,12 @@
-#!/usr/bin/env python
 """Evaluate a trained run: AP@0.3/0.5/0.7 in both accumulation orders, bytes each
 collaborator sends per frame, BEV images of detections vs ground truth.
 
-    python tools/inference.py --model_dir runs/NAME [--fusion_method no|late|early|intermediate]
-                              [--split test] [--plot_every 20] [--max_frames N]
-    python tools/inference.py --model_dir runs/ONBOARD --dynamic m1,m3     # ego m1, then +m3
+    gencomm-infer --model_dir runs/NAME [--fusion_method no|late|early|intermediate]
+                  [--split test] [--plot_every 20] [--max_frames N]
+    gencomm-infer --model_dir runs/ONBOARD --dynamic m1,m3     # ego m1, then +m3
 
 Writes eval_<method>.yaml / .json (eval_dynamic.json) and bev/*.png into the run folder.
+From a checkout, ``python tools/inference.py`` runs the same command.
 """
 from __future__ import annotations
 
@@ -14,10 +14,6 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import gencomm  # noqa: E402,F401  (registers the GenComm link with opencood_ext)
 
 
 def main(argv=None) -> int:

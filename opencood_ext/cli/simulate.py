@@ -1,30 +1,27 @@
-#!/usr/bin/env python
 """Record OPV2V-H-format datasets with the built-in simulator (no CARLA, no download).
 
-    python tools/simulate.py -o DIR [--scenarios N] [--frames M] [--seed S]
+    gencomm-sim -o DIR [--scenarios N] [--frames M] [--seed S]
         [--split-ratio 0.6 0.2 0.2] [--no-cameras] [--camera-size WxH]
-        [--agent-types configs/sim/agent_types.yaml]
+        [--agent-types RIG.yaml]
 
 Writes ``DIR/{train,validate,test}/<scenario>/...`` (64-beam ``.pcd``,
 ``_32.pcd`` / ``_16.pcd``, ``_camera{i}.png``, ``_depth{i}.png``, ``.yaml``),
 ``data_protocol.yaml`` per scenario and ``DIR/modality_assignment.json``.
-A rerun skips finished scenarios; the same arguments give identical files.
+A rerun skips finished scenarios; the same arguments give identical files. From a checkout,
+``python tools/simulate.py`` runs the same command.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dataclasses import replace  # noqa: E402
-
-from opencood_ext.sim.agent_types import DEFAULT_PATH, load_agent_types  # noqa: E402
-from opencood_ext.sim.builtin import LAYOUTS, AgentParams, BuiltinWorld, SimConfig  # noqa: E402
-from opencood_ext.sim.recorder import record  # noqa: E402
-from opencood_ext.sim.town import TownParams  # noqa: E402
-from opencood_ext.sim.traffic import TrafficParams  # noqa: E402
+from opencood_ext.sim.agent_types import DEFAULT_PATH, load_agent_types
+from opencood_ext.sim.builtin import LAYOUTS, AgentParams, BuiltinWorld, SimConfig
+from opencood_ext.sim.recorder import record
+from opencood_ext.sim.town import TownParams
+from opencood_ext.sim.traffic import TrafficParams
 
 
 def _size(text: str):

@@ -1,9 +1,10 @@
-#!/usr/bin/env python
 """Train a cooperative detector.
 
-    python tools/train.py -y configs/sim/m1_pointpillars_intermediate.yaml
-    python tools/train.py --model_dir runs/NAME            # resume from latest.pth
-    torchrun --nproc_per_node=2 tools/train.py -y CONFIG   # DDP (gloo on CPU, nccl on GPU)
+    gencomm-train -y configs/sim/m1_none.yaml
+    gencomm-train --model_dir runs/NAME                                # resume from latest.pth
+    torchrun --nproc_per_node=2 --no-python gencomm-train -y CONFIG    # DDP (gloo on CPU, nccl on GPU)
+
+From a checkout, ``python tools/train.py`` (also under torchrun) runs the same command.
 
 The run folder holds the resolved ``config.yaml``, ``checkpoints/`` (every epoch,
 ``latest.pth``, ``best.pth``; written atomically), tensorboard scalars in ``tb/``
@@ -17,11 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import gencomm  # noqa: E402,F401  (registers the GenComm link with opencood_ext)
-
-from opencood_ext.config import ConfigError, dump_config  # noqa: E402
+from opencood_ext.config import ConfigError, dump_config
 
 
 def parse_args(argv=None):

@@ -1,0 +1,10 @@
+#!/usr/bin/env python
+"""``python tools/carla_demo.py ...`` from a checkout runs ``gencomm-demo`` (see :mod:`gencomm.cli`)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gencomm.cli import demo as main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
