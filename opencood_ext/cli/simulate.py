@@ -5,18 +5,24 @@
         [--agent-types RIG.yaml]
 
 Writes ``DIR/{train,validate,test}/<scenario>/...`` (64-beam ``.pcd``,
-``_32.pcd`` / ``_16.pcd``, ``_camera{i}.png``, ``_depth{i}.png``, ``.yaml``),
-``data_protocol.yaml`` per scenario and ``DIR/modality_assignment.json``.
+``_32.pcd`` / ``_16.pcd``, ``_camera{i}.png``, ``_depth{i}.png``, ``.yaml``,
+``_bev_visibility.png``), ``data_protocol.yaml`` per scenario and
+``DIR/modality_assignment.json``. ``--tree heal`` puts the 32/16-beam scans and
+the depth images in HEAL's side tree instead, the output path with ``OPV2V``
+replaced by ``OPV2V_Hetero`` (``-o data/OPV2V`` -> ``data/OPV2V_Hetero``), where
+HEAL's OPV2V-H loader looks for them; our reader finds them there too.
 A rerun skips finished scenarios; the same arguments give identical files. From a checkout,
 ``python tools/simulate.py`` runs the same command.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+from opencood_ext.data.formats.layout import HETERO_FROM, HETERO_TO, hetero_tree
 from opencood_ext.sim.agent_types import DEFAULT_PATH, load_agent_types
 from opencood_ext.sim.builtin import LAYOUTS, AgentParams, BuiltinWorld, SimConfig
 from opencood_ext.sim.recorder import record
@@ -53,12 +59,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raster-res", type=float, default=0.25, help="ground raster cell, m")
     p.add_argument("--no-shadows", action="store_true", help="skip camera shadow rays")
     p.add_argument("--pcd-data", choices=("binary", "binary_compressed", "ascii"), default="binary")
+    p.add_argument("--tree", choices=("flat", "heal"), default="flat",
+                   help=f"'flat': every file beside the .yaml; 'heal': the 32/16-beam scans and depth images in "
+                        f"HEAL's side tree, the output path with {HETERO_FROM} replaced by {HETERO_TO}")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
+def _rig_id(path: Path) -> str:
+    """The rig file by name and content (not by location, which differs between installs)."""
+    return f"{path.name} sha256:{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    hetero = None
+    if args.tree == "heal":
+        hetero = hetero_tree(args.out)
+        if hetero is None:
+            print(f"error: --tree heal: HEAL finds the 32/16-beam scans and depth images by replacing "
+                  f"{HETERO_FROM!r} with {HETERO_TO!r} in the dataset path, so the output path must contain "
+                  f"{HETERO_FROM!r} (e.g. -o data/{HETERO_FROM}); got {args.out}", file=sys.stderr)
+            return 2
     sensors = load_agent_types(args.agent_types)
     if args.points_per_second is not None:
         sensors = replace(sensors, lidar=replace(sensors.lidar, points_per_second=args.points_per_second))
@@ -66,18 +88,19 @@ def main(argv=None) -> int:
     cfg = SimConfig(town=TownParams(raster_res=args.raster_res), traffic=traffic, sensors=sensors,
                     agents=AgentParams(layout=args.layout),
                     cameras=not args.no_cameras, camera_size=args.camera_size, camera_shadows=not args.no_shadows)
-    settings = {"agent_types": str(args.agent_types), "camera_size": list(args.camera_size or ()),
+    settings = {"agent_types": _rig_id(args.agent_types), "camera_size": list(args.camera_size or ()),
                 "vehicles": list(traffic.vehicles), "points_per_second": sensors.lidar.points_per_second,
                 "raster_res": args.raster_res, "shadows": not args.no_shadows, "layout": args.layout}
     world = BuiltinWorld(cfg)
     try:
         res = record(world, args.out, args.scenarios, args.frames, args.seed, args.split_ratio,
                      write_cameras=not args.no_cameras, pcd_data=args.pcd_data, progress=not args.quiet,
-                     settings=settings)
+                     settings=settings, hetero_root=hetero)
     finally:
         world.close()
+    side = f"; 32/16-beam scans and depth in {hetero}" if hetero else ""
     print(f"{args.out}: recorded {len(res.recorded)} scenario(s), skipped {len(res.skipped)} finished; "
-          f"splits {dict(sorted(res.splits.items()))}")
+          f"splits {dict(sorted(res.splits.items()))}{side}")
     return 0
 
 
