@@ -20,6 +20,7 @@ written from HEAL's public conventions (yifanlu0227/HEAL):
 """
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -168,3 +169,17 @@ def test_our_reader_reads_the_heal_tree_back(heal_tree):
             np.testing.assert_array_equal(cam.depth, heal_depth(heal_paths(cav, frame.timestamp)["depths"][i]))
     explicit = OPV2VReader(heal_tree, "train", hetero_root=heal_tree.parent / "OPV2V_Hetero")[0]
     assert sorted(explicit.agents[0].lidar_beams) == [16, 32]
+
+
+def test_rerun_checks_both_trees(heal_tree, capsys):
+    """A finished scenario is skipped; one whose side-tree folder is gone is recorded again."""
+    tool = _tool()
+    capsys.readouterr()
+    assert tool.main(["-o", str(heal_tree), "--tree", "heal"] + ARGS) == 0
+    assert "recorded 0 scenario(s), skipped 1" in capsys.readouterr().out
+    het = heal_tree.parent / "OPV2V_Hetero"
+    before = sorted(p.relative_to(het) for p in het.rglob("*") if p.is_file())
+    shutil.rmtree(next((het / "train").iterdir()))
+    assert tool.main(["-o", str(heal_tree), "--tree", "heal"] + ARGS) == 0
+    assert "recorded 1 scenario(s), skipped 0" in capsys.readouterr().out
+    assert sorted(p.relative_to(het) for p in het.rglob("*") if p.is_file()) == before
