@@ -1,18 +1,63 @@
 """Installs two packages: ``opencood_ext`` (the OpenCOOD-compatible substrate any
 cooperative-perception method needs: configs, data and the simulator, encoders,
 detector, wire format, training engine, evaluation) and ``gencomm`` (the
-generative-communication method and its experiment)."""
+generative-communication method and its experiment).
+
+Dependencies are compatible ranges, never the CPU builds of the development
+machine (those pins live in ``requirements.txt``, which ``scripts/setup_env.sh``
+installs before ``pip install --no-deps -e .``):
+
+* torch: install the build for your machine first (CUDA or CPU); any torch >= 2.1.
+* spconv is NOT declared: its CUDA builds are other distributions
+  (``spconv-cu126``, ...) that provide the same ``spconv`` module, so declaring
+  ``spconv`` would pull the CPU build onto a GPU machine. Install
+  ``spconv-cuXXX`` (GPU) or ``spconv`` (CPU); importing the models without it
+  says so (:mod:`opencood_ext.deps`).
+* extras: ``[sim]`` the built-in simulator's open3d and scipy (a CPU-only machine
+  may use ``open3d-cpu`` instead), ``[carla]`` the CARLA client for the CARLA
+  bridge, ``[test]`` the test runner.
+
+Console scripts: ``gencomm-train``, ``gencomm-infer``, ``gencomm-onboard``,
+``gencomm-sim``, ``gencomm-demo`` (:mod:`gencomm.cli`); in a checkout
+``python tools/<name>.py`` runs the same commands.
+"""
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
 
+INSTALL_REQUIRES = [
+    "torch>=2.1",
+    "numpy>=1.24",
+    "pyyaml>=6.0",
+    "tqdm>=4.66",
+    "Pillow>=10.0",
+    "matplotlib>=3.8",
+    "tensorboard>=2.16",
+    "diffusers>=0.27",
+]
+
 
 def _requirements(name):
     lines = (HERE / name).read_text().splitlines()
     return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
 
+
+EXTRAS_REQUIRE = {
+    "sim": ["open3d>=0.18", "scipy>=1.11"],
+    # the client must match the CARLA server's version (docker/ pins the 0.9.16 server)
+    "carla": ["carla~=0.9.16"],
+    "test": _requirements("requirements-test.txt"),
+}
+
+CONSOLE_SCRIPTS = [
+    "gencomm-train = gencomm.cli:train",
+    "gencomm-infer = gencomm.cli:infer",
+    "gencomm-onboard = gencomm.cli.onboard:main",
+    "gencomm-sim = gencomm.cli:simulate",
+    "gencomm-demo = gencomm.cli:demo",
+]
 
 setup(
     name="gencomm",
@@ -22,7 +67,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["opencood_ext", "opencood_ext.*", "gencomm", "gencomm.*"]),
-    install_requires=_requirements("requirements.txt"),
-    extras_require={"test": _requirements("requirements-test.txt"), "carla": ["carla==0.9.16"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+    entry_points={"console_scripts": CONSOLE_SCRIPTS},
+    package_data={"opencood_ext.sim": ["agent_types.yaml"]},
     include_package_data=True,
 )

@@ -76,8 +76,8 @@ def assert_frames_equal(a: Frame, b: Frame, depth=True):
             np.testing.assert_allclose(c.T_lidar_from_camera, d.T_lidar_from_camera, atol=1e-6)
             np.testing.assert_allclose(c.T_world_from_camera, d.T_world_from_camera, atol=1e-6)
             assert (c.depth is None) == (d.depth is None)
-            if depth and c.depth is not None:
-                np.testing.assert_allclose(c.depth, d.depth, atol=1 / 512)
+            if depth and c.depth is not None:   # 8-bit metres, OPV2V-H's encoding
+                np.testing.assert_array_equal(np.clip(np.rint(c.depth), 0, 255), d.depth)
 
 
 # --------------------------------------------------------------------------- the real V2XSet frame
@@ -145,7 +145,8 @@ def test_writer_is_deterministic(tmp_path):
         write_data_protocol(tmp_path / name, "train", make_frame().scenario, {"lidar": {"channels": 64}})
     files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
     files_b = sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*") if p.is_file())
-    assert files_a == files_b and len(files_a) == 3 * 6 + 1
+    # per agent: pcd, yaml, _32, _16, camera, depth, bev_visibility; plus data_protocol.yaml
+    assert files_a == files_b and len(files_a) == 3 * 7 + 1
     for rel in files_a:
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
 
@@ -159,7 +160,8 @@ def test_written_yaml_keys(tmp_path):
     assert sorted(d["vehicles"]) == [10, 11] and d["vehicles"][11]["obj_type"] == "Truck"
     assert "obj_type" not in d["vehicles"][10]
     assert set(d["camera1"]) == {"cords", "extrinsic", "intrinsic"}
-    assert not list((tmp_path / "train").rglob("*.png"))
+    pngs = sorted(p.name for p in (tmp_path / "train").rglob("*.png"))   # no camera or depth images
+    assert pngs == ["000007_bev_visibility.png"] * 3
 
 
 def test_hetero_root_lookup(tmp_path):
@@ -176,6 +178,41 @@ def test_hetero_root_lookup(tmp_path):
     explicit = OPV2VReader(tmp_path / "OPV2V", "train", hetero_root=het, load_depth=False, load_beams=False)[0]
     assert explicit.agent(3).lidar_beams == {} and explicit.agent(3).cameras[0].depth is None
     assert OPV2VReader(main, "train", load_cameras=False)[0].agent(3).cameras == []
+
+
+def test_writer_puts_opv2v_h_files_in_the_hetero_tree(tmp_path):
+    frame = make_frame()
+    main, het = tmp_path / "data" / "OPV2V", tmp_path / "data" / "OPV2V_Hetero"
+    written = write_opv2v_frame(main, "train", frame, hetero_root=het)
+    extras = [p for p in written if "_32." in p.name or "_16." in p.name or "_depth" in p.name]
+    assert len(extras) == 3 * 3 and all(het in p.parents for p in extras)
+    assert not [p for p in main.rglob("*") if p in extras or "_depth" in p.name or "_32." in p.name]
+    assert (main / "train" / frame.scenario / "3" / "000007_bev_visibility.png").is_file()
+    back = OPV2VReader(main, "train")[0]   # finds OPV2V_Hetero by HEAL's path rule
+    frame.agents.sort(key=lambda a: [0, 3, -1].index(a.agent_id))
+    assert_frames_equal(frame, back)
+
+
+def test_depth_png_encodings(tmp_path):
+    from PIL import Image, PngImagePlugin
+
+    from opencood_ext.data.formats.opv2v_io import read_depth_png, write_depth_png
+    depth = np.array([[0.2, 0.6, 12.49, 12.51], [254.6, 1000.0, np.nan, np.inf]], np.float32)
+    write_depth_png(tmp_path / "d.png", depth)
+    img = Image.open(tmp_path / "d.png")
+    assert img.mode == "L"   # HEAL: ToTensor(img) * 255 = the pixel value = metres
+    expected = [[0, 1, 12, 13], [255, 255, 0, 255]]
+    np.testing.assert_array_equal(np.asarray(img), expected)
+    np.testing.assert_array_equal(read_depth_png(tmp_path / "d.png"), expected)
+    # this project's older 16-bit files (depth x 256 with a depth_scale chunk) still read
+    info = PngImagePlugin.PngInfo()
+    info.add_text("depth_scale", "256")
+    Image.fromarray(np.array([[256 * 3, 128]], np.uint16)).save(tmp_path / "old.png", pnginfo=info)
+    np.testing.assert_allclose(read_depth_png(tmp_path / "old.png"), [[3.0, 0.5]])
+    # a 16-bit PNG without the chunk has no known unit: refused, naming the file
+    Image.fromarray(np.array([[768, 128]], np.uint16)).save(tmp_path / "unknown.png")
+    with pytest.raises(DataFormatError, match=r"unknown\.png.*unknown encoding"):
+        read_depth_png(tmp_path / "unknown.png")
 
 
 def test_in_order_modality_and_max_agents(tmp_path):

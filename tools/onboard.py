@@ -1,83 +1,10 @@
 #!/usr/bin/env python
-"""Onboard new agent types into an existing GenComm alliance (stage 2).
-
-    python tools/onboard.py --ego runs/STAGE1_M1 --new runs/STAGE1_M3 [--new ...] -o runs/ONBOARD
-                            [-y configs/sim/gencomm_stage2_m1_m3.yaml] [--epochs N] [--set train.lr=0.0005]
-
-Without -y the stage-2 experiment is composed from the runs: the ego's
-settings, each new type's stack, lr 5e-4, detection loss only.
-
-Merges the stage-1 checkpoints, freezes everything except the new types'
-message extractors (frozen BatchNorm stays in eval mode every epoch), trains
-with the detection loss only, and prints the trainable parameters per new type
-and the wall time against stage 1. Re-running on the same -o folder resumes.
-"""
-from __future__ import annotations
-
-import argparse
-import json
-import logging
+"""``python tools/onboard.py ...`` from a checkout runs ``gencomm-onboard`` (:mod:`gencomm.cli.onboard`)."""
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import gencomm  # noqa: E402,F401  (registers the GenComm link with opencood_ext)
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ego", type=Path, required=True, help="the receiver's stage-1 run folder")
-    p.add_argument("--new", type=Path, action="append", required=True, help="a new type's stage-1 run folder")
-    p.add_argument("-o", "--out", type=Path, required=True, help="run folder for the onboarding")
-    p.add_argument("-y", "--hypes_yaml", type=Path, default=None, help="a stage-2 experiment yaml (optional)")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from opencood_ext.config import ConfigError, dump_config
-    from opencood_ext.experiment import build_dataset, collate
-    from gencomm.onboarding import build_onboarding_model, plan_onboarding
-    from opencood_ext.training.runlog import training_wall_time
-    from opencood_ext.training import distributed as D
-    from opencood_ext.training.trainer import Trainer
-
-    try:
-        plan = plan_onboarding(args.ego, args.new, args.overrides, args.epochs, args.hypes_yaml)
-        model, policy = build_onboarding_model(plan)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    cfg = plan.config
-    train_set = build_dataset(cfg, cfg.data.train_split, train=True)
-    val_set = build_dataset(cfg, cfg.data.val_split, train=False) if cfg.train.val_every else None
-    trainer = Trainer(model, train_set, val_set, collate, cfg.train, args.out, param_filter=policy)
-    summary = policy.summary(model)
-    if D.is_main_process():
-        args.out.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, args.out / "config.yaml")
-    result = trainer.fit()
-    if D.is_main_process():
-        per_type = {t: summary.per_prefix[f"link.dme.{t}"] for t in plan.new_types}
-        stage1 = {t: training_wall_time(r) for t, r in {plan.ego_type: plan.ego_run, **plan.new_runs}.items()}
-        # measured the way stage 1 is (its epochs' logged times), so a rerun that finds the run
-        # finished, or one that resumed it, still reports the whole onboarding time
-        onboard_wall = training_wall_time(args.out)
-        report = {"ego_type": plan.ego_type, "new_types": plan.new_types,
-                  "trainable_params_per_new_type": per_type, "trainable_params_total": summary.trainable,
-                  "frozen_params": summary.frozen, "frozen_batchnorm_layers": len(summary.frozen_batchnorms),
-                  "onboarding_wall_time_s": onboard_wall, "stage1_wall_time_s": stage1,
-                  "epochs": result.epochs_done}
-        (args.out / "onboarding.json").write_text(json.dumps(report, indent=2))
-        print(f"onboarded {', '.join(plan.new_types)} into {plan.ego_type}'s alliance -> {args.out}")
-        for t, n in per_type.items():
-            print(f"  trainable parameters for {t}: {n:,} (its message extractor only)")
-        print(f"  frozen parameters: {summary.frozen:,}; frozen BatchNorm layers: {len(summary.frozen_batchnorms)}")
-        for t, s in stage1.items():
-            print(f"  stage-1 training of {t}: {s:.0f} s; onboarding: {onboard_wall:.0f} s")
-    D.cleanup()
-    return 0
-
+from gencomm.cli.onboard import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,88 +1,10 @@
 #!/usr/bin/env python
-"""Record OPV2V-H-format datasets with the built-in simulator (no CARLA, no download).
-
-    python tools/simulate.py -o DIR [--scenarios N] [--frames M] [--seed S]
-        [--split-ratio 0.6 0.2 0.2] [--no-cameras] [--camera-size WxH]
-        [--agent-types configs/sim/agent_types.yaml]
-
-Writes ``DIR/{train,validate,test}/<scenario>/...`` (64-beam ``.pcd``,
-``_32.pcd`` / ``_16.pcd``, ``_camera{i}.png``, ``_depth{i}.png``, ``.yaml``),
-``data_protocol.yaml`` per scenario and ``DIR/modality_assignment.json``.
-A rerun skips finished scenarios; the same arguments give identical files.
-"""
-from __future__ import annotations
-
-import argparse
+"""``python tools/simulate.py ...`` from a checkout runs ``gencomm-sim`` (see :mod:`gencomm.cli`)."""
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dataclasses import replace  # noqa: E402
-
-from opencood_ext.sim.agent_types import DEFAULT_PATH, load_agent_types  # noqa: E402
-from opencood_ext.sim.builtin import LAYOUTS, AgentParams, BuiltinWorld, SimConfig  # noqa: E402
-from opencood_ext.sim.recorder import record  # noqa: E402
-from opencood_ext.sim.town import TownParams  # noqa: E402
-from opencood_ext.sim.traffic import TrafficParams  # noqa: E402
-
-
-def _size(text: str):
-    try:
-        w, h = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--camera-size must look like 800x600, got {text!r}") from None
-    if w < 1 or h < 1:
-        raise argparse.ArgumentTypeError(f"--camera-size must be positive, got {text!r}")
-    return w, h
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-o", "--out", type=Path, required=True, help="dataset root to write")
-    p.add_argument("--scenarios", type=int, default=4)
-    p.add_argument("--frames", type=int, default=50, help="saved frames per scenario (10 Hz)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--split-ratio", type=float, nargs=3, default=(0.6, 0.2, 0.2), metavar=("TRAIN", "VAL", "TEST"))
-    p.add_argument("--no-cameras", action="store_true", help="LiDAR only (no _camera / _depth PNGs)")
-    p.add_argument("--camera-size", type=_size, default=None, help="WxH; intrinsics scale (default 800x600)")
-    p.add_argument("--agent-types", type=Path, default=DEFAULT_PATH, help="agent types and sensor rig yaml")
-    p.add_argument("--vehicles", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
-                   help="moving vehicles per scenario (default 20 60)")
-    p.add_argument("--layout", choices=LAYOUTS, default="junction",
-                   help="where the connected vehicles go: 'junction' (ego approaching a junction, collaborators "
-                        "on its other arms, so they see what the ego cannot) or 'free' (anywhere near the ego)")
-    p.add_argument("--points-per-second", type=int, default=None, help="override the LiDAR rate (faster tests)")
-    p.add_argument("--raster-res", type=float, default=0.25, help="ground raster cell, m")
-    p.add_argument("--no-shadows", action="store_true", help="skip camera shadow rays")
-    p.add_argument("--pcd-data", choices=("binary", "binary_compressed", "ascii"), default="binary")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    sensors = load_agent_types(args.agent_types)
-    if args.points_per_second is not None:
-        sensors = replace(sensors, lidar=replace(sensors.lidar, points_per_second=args.points_per_second))
-    traffic = TrafficParams() if args.vehicles is None else TrafficParams(vehicles=tuple(args.vehicles))
-    cfg = SimConfig(town=TownParams(raster_res=args.raster_res), traffic=traffic, sensors=sensors,
-                    agents=AgentParams(layout=args.layout),
-                    cameras=not args.no_cameras, camera_size=args.camera_size, camera_shadows=not args.no_shadows)
-    settings = {"agent_types": str(args.agent_types), "camera_size": list(args.camera_size or ()),
-                "vehicles": list(traffic.vehicles), "points_per_second": sensors.lidar.points_per_second,
-                "raster_res": args.raster_res, "shadows": not args.no_shadows, "layout": args.layout}
-    world = BuiltinWorld(cfg)
-    try:
-        res = record(world, args.out, args.scenarios, args.frames, args.seed, args.split_ratio,
-                     write_cameras=not args.no_cameras, pcd_data=args.pcd_data, progress=not args.quiet,
-                     settings=settings)
-    finally:
-        world.close()
-    print(f"{args.out}: recorded {len(res.recorded)} scenario(s), skipped {len(res.skipped)} finished; "
-          f"splits {dict(sorted(res.splits.items()))}")
-    return 0
-
+from gencomm.cli import simulate as main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

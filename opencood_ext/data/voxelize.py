@@ -20,6 +20,8 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..deps import require_spconv
+
 
 @dataclass
 class VoxelData:
@@ -78,8 +80,7 @@ class Voxelizer:
 
     def __init__(self, voxel_size: Sequence[float], lidar_range: Sequence[float],
                  max_points_per_voxel: int = 32, max_voxels: int = 32000):
-        from spconv.pytorch.utils import PointToVoxel
-
+        PointToVoxel = require_spconv("spconv.pytorch.utils").PointToVoxel
         self.grid = grid_shape(lidar_range, voxel_size)
         if max_points_per_voxel < 1 or max_voxels < 1:
             raise ValueError(f"max_points_per_voxel and max_voxels must be >= 1, got "

@@ -20,13 +20,14 @@ from typing import Sequence, Tuple
 import torch
 from torch import nn
 
-import spconv.pytorch as spconv
-from spconv.cppconstants import CPU_ONLY_BUILD as SPCONV_CPU_ONLY
-
 from opencood_ext.data.voxelize import grid_shape
+from opencood_ext.deps import require_spconv
 
 from ..data.inputs import LidarInput
 from .inputs import EncoderOutput
+
+spconv = require_spconv("spconv.pytorch")   # not a declared dependency: see opencood_ext.deps
+SPCONV_CPU_ONLY = require_spconv("spconv.cppconstants").CPU_ONLY_BUILD
 
 
 def _no_stream() -> int:

@@ -1,5 +1,5 @@
-"""Agent types (modalities m1..m4) and the sensor rig, from
-``configs/sim/agent_types.yaml``.
+"""Agent types (modalities m1..m4) and the sensor rig; the default is
+``agent_types.yaml`` beside this module (package data, so an installed wheel has it).
 
 Like OPV2V-H, EVERY agent records the same rig -- the 64-beam sweep, its
 ring reductions (``beam_variants``: 32 keeps every 2nd ring, 16 every 4th)
@@ -27,7 +27,7 @@ from opencood_ext.data.frame import sort_agent_ids
 
 from .world import CameraSpec, LidarSpec, Pose
 
-DEFAULT_PATH = Path(__file__).resolve().parents[2] / "configs" / "sim" / "agent_types.yaml"
+DEFAULT_PATH = Path(__file__).resolve().with_name("agent_types.yaml")
 
 
 def _opv2v_mounts() -> Dict[str, Pose]:
@@ -94,7 +94,7 @@ class TypeRig:
 
 @dataclass
 class AgentTypesConfig:
-    """Schema of ``configs/sim/agent_types.yaml``.
+    """Schema of ``agent_types.yaml`` (the default: :data:`DEFAULT_PATH`).
 
     Also a read-only mapping ``{type name: TypeRig}`` (``cfg["m2"].cameras``,
     ``dict(cfg)``), the per-type sensor specs a backend attaches.

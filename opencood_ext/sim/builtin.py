@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
-from scipy.ndimage import maximum_filter
 
 from opencood_ext.data.frame import AgentObs, CameraObs, Frame, ObjectLabel, sort_agent_ids
+from opencood_ext.deps import require_sim
 from opencood_ext.geometry import invert_transform, matrix_to_pose, pose_to_matrix
 
 from . import meshes as M
@@ -283,7 +283,7 @@ class BuiltinWorld:
         win = np.s_[max(j0 - r, 0):j0 + r, max(i0 - r, 0):i0 + r]
         band = (town.dist_to_road[win] > 1.0) & (town.dist_to_road[win] < 2.2)
         for clearance in (4.5, 3.0):   # keep tree crowns and lamp posts out of its sensors' way
-            clear = ~maximum_filter(town.occupied[win], size=2 * int(np.ceil(clearance / g.res)) + 1)
+            clear = ~require_sim("scipy.ndimage").maximum_filter(town.occupied[win], size=2 * int(np.ceil(clearance / g.res)) + 1)
             jj, ii = np.nonzero(band & clear)
             if len(jj):
                 break

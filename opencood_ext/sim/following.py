@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Dict, Sequence, Tuple
 
 import numpy as np
-from scipy.spatial import cKDTree
+
+from opencood_ext.deps import require_sim
 
 
 def bodies(x, y, yaw, length, width):
@@ -61,6 +62,7 @@ def first_obstacles(movers: Sequence[int], paths: Dict[int, tuple], x, y, yaw, l
     # candidate (future pose, body point) pairs, then the exact test: distance
     # from the body point to the future body's axis segment
     radius = (length - width).max() / 2 + width.max() + lateral_margin
+    cKDTree = require_sim("scipy.spatial").cKDTree
     pairs = cKDTree(qc).sparse_distance_matrix(cKDTree(bxy), radius, output_type="ndarray")
     q, j = pairs["i"].astype(np.int64), pairs["j"].astype(np.int64)
     own = qown[q]

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import List, Tuple
 
 import numpy as np
-from scipy.spatial import ConvexHull
+
+from opencood_ext.deps import require_sim
 
 Mesh = Tuple[np.ndarray, np.ndarray]
 
@@ -72,7 +73,7 @@ def ellipsoid(center, radii) -> Mesh:
 def hull(points) -> Mesh:
     """Convex hull of (n, 3) points."""
     p = np.asarray(points, float)
-    return p, ConvexHull(p).simplices.astype(np.int64)
+    return p, require_sim("scipy.spatial").ConvexHull(p).simplices.astype(np.int64)
 
 
 def merge(meshes: List[Mesh]) -> Mesh:

@@ -3,9 +3,13 @@
 Layout (read back by :class:`opencood_ext.data.formats.OPV2VReader`)::
 
     <out>/<split>/<scenario>/data_protocol.yaml
-    <out>/<split>/<scenario>/<agent_id>/<timestamp>{.pcd,.yaml,_32.pcd,_16.pcd,_camera{i}.png,_depth{i}.png}
+    <out>/<split>/<scenario>/<agent_id>/<timestamp>{.pcd,.yaml,_bev_visibility.png,_camera{i}.png}
+    <het>/<split>/<scenario>/<agent_id>/<timestamp>{_32.pcd,_16.pcd,_depth{i}.png}
     <out>/modality_assignment.json          {scenario: {agent_id: "m1".."m4"}}
     <out>/.gencomm_sim/scenario_NNNN.json    completion markers
+
+``<het>`` is ``<out>`` itself, or HEAL's ``OPV2V_Hetero`` side tree when
+``hetero_root`` is given (see :func:`opencood_ext.data.formats.layout.hetero_tree`).
 
 Scenario ``k`` uses the seed ``SeedSequence([seed, k])`` and goes to the split
 given by ``split_ratio`` (contiguous blocks: train, validate, test). Its
@@ -26,6 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from opencood_ext.data.formats import write_data_protocol, write_modality_json, write_opv2v_frame
+from opencood_ext.data.formats.opv2v_writer import WRITER_FORMAT
 
 from .world import World
 
@@ -69,12 +74,15 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 
 def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
            split_ratio: Sequence[float] = (0.6, 0.2, 0.2), write_cameras: bool = True,
-           pcd_data: str = "binary", progress: bool = True, settings: Optional[dict] = None) -> RecordResult:
+           pcd_data: str = "binary", progress: bool = True, settings: Optional[dict] = None,
+           hetero_root=None) -> RecordResult:
     """Simulate ``scenarios`` x ``frames`` and write them under ``out``.
 
     ``settings`` (plain YAML types) is stored in each ``data_protocol.yaml``
-    under ``recorder`` and in the markers; a marker whose settings differ from
-    this run's is not trusted (the scenario is recorded again).
+    under ``recorder`` and in the markers, with the writer's file format and
+    the side tree; a marker whose settings differ from this run's is not
+    trusted (the scenario is recorded again). ``hetero_root``: where the
+    32/16-beam scans and depth images go (None: beside the rest).
     """
     if scenarios < 1 or frames < 1:
         raise ValueError(f"need at least one scenario and one frame, got scenarios={scenarios}, frames={frames}")
@@ -82,8 +90,9 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
     marks = out / MARKER_DIR
     marks.mkdir(parents=True, exist_ok=True)
     plan = split_plan(scenarios, split_ratio)
+    het = None if hetero_root is None else Path(hetero_root)
     run = {"seed": int(seed), "frames": int(frames), "pcd_data": pcd_data, "cameras": bool(write_cameras),
-           **(settings or {})}
+           "format": WRITER_FORMAT, "hetero_tree": None if het is None else het.name, **(settings or {})}
     result = RecordResult(out)
     bar = tqdm(total=scenarios * frames, unit="frame", disable=not progress, desc="simulate")
     try:
@@ -92,7 +101,8 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
             sseed = scenario_seed(seed, k)
             done = json.loads(marker.read_text()) if marker.exists() else None
             if done is not None and done.get("seed") == sseed and done.get("split") == split \
-                    and done.get("run") == run and (out / split / str(done.get("scenario"))).is_dir():
+                    and done.get("run") == run and all((root / split / str(done.get("scenario"))).is_dir()
+                                                       for root in {out, het or out}):
                 result.skipped.append(done["scenario"])
                 result.assignment[done["scenario"]] = done["assignment"]
                 result.splits[done["scenario"]] = split
@@ -103,14 +113,15 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
             if name in result.splits:
                 raise RuntimeError(f"scenario name {name!r} repeats (scenarios {k} and an earlier one); "
                                    f"choose another --seed")
-            scen_dir = out / split / name
-            if scen_dir.exists():
-                shutil.rmtree(scen_dir)   # left over from an interrupted run
+            for scen_dir in {out / split / name, (het or out) / split / name}:
+                if scen_dir.exists():
+                    shutil.rmtree(scen_dir)   # left over from an interrupted run
             bar.set_postfix_str(f"{split}/{name}")
             for _ in range(frames):
                 frame = world.tick()
                 frame.split = split
-                write_opv2v_frame(out, split, frame, pcd_data=pcd_data, write_cameras=write_cameras)
+                write_opv2v_frame(out, split, frame, pcd_data=pcd_data, write_cameras=write_cameras,
+                                  hetero_root=het)
                 result.frames.append(out / split / name / str(frame.agents[0].agent_id) / f"{frame.timestamp}.yaml")
                 bar.update(1)
             assignment = {str(a.agent_id): a.agent_type for a in world.agents}

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import numpy as np
-import open3d as o3d
+
+from opencood_ext.deps import require_sim
 
 from .meshes import Mesh
 
-o3c = o3d.core
 
 # surface classes (index into CLASS_NAMES)
 CLASS_NAMES = ("ground", "building", "wall", "pole", "vegetation", "vehicle", "rsu")
@@ -121,11 +121,16 @@ def rotate(vectors: np.ndarray, R: np.ndarray) -> np.ndarray:
     return out
 
 
+def _o3c():
+    """open3d.core, imported on first use (the ``sim`` extra)."""
+    return require_sim("open3d").core
+
+
 def _build(vertices: np.ndarray, triangles: np.ndarray):
-    scene = o3d.t.geometry.RaycastingScene(nthreads=0)
+    scene = require_sim("open3d").t.geometry.RaycastingScene(nthreads=0)
     if len(triangles):
-        scene.add_triangles(o3c.Tensor.from_numpy(np.ascontiguousarray(vertices, np.float32)),
-                            o3c.Tensor.from_numpy(np.ascontiguousarray(triangles, np.uint32)))
+        scene.add_triangles(_o3c().Tensor.from_numpy(np.ascontiguousarray(vertices, np.float32)),
+                            _o3c().Tensor.from_numpy(np.ascontiguousarray(triangles, np.uint32)))
     return scene
 
 
@@ -168,7 +173,7 @@ class RayScene:
 
     @staticmethod
     def _cast_one(scene, rays: np.ndarray, table: np.ndarray):
-        out = scene.cast_rays(o3c.Tensor.from_numpy(rays))
+        out = scene.cast_rays(_o3c().Tensor.from_numpy(rays))
         t = out["t_hit"].numpy()
         prim = out["primitive_ids"].numpy()
         hit = np.isfinite(t)
@@ -198,7 +203,7 @@ class RayScene:
         rays = np.empty((len(directions), 6), np.float32)
         rays[:, :3] = origins
         rays[:, 3:] = directions
-        rt = o3c.Tensor.from_numpy(rays)
+        rt = _o3c().Tensor.from_numpy(rays)
         occ = self._dynamic.test_occlusions(rt, tfar=tfar).numpy().astype(bool)
         if self._static is not None:
             occ |= self._static.test_occlusions(rt, tfar=tfar).numpy().astype(bool)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import List, Tuple
 
 import numpy as np
-from scipy.ndimage import distance_transform_edt
+
+from opencood_ext.deps import require_sim
 
 from . import meshes as M
 from .roads import RoadNetwork, RoadParams, generate_roads
@@ -129,6 +130,7 @@ def _surfaces(net: RoadNetwork, p: TownParams):
         t = np.arange(-3.0, st.length + 3.0, res / 2)
         _mark(tmp, x0, y0, res, st.start[None] + t[:, None] * d[None], 1)
     park |= tmp == 1
+    distance_transform_edt = require_sim("scipy.ndimage").distance_transform_edt
     road = distance_transform_edt(~centre) * res <= w / 2 + 0.05
     parking = (distance_transform_edt(~park) * res <= p.roads.parking_width / 2) & ~road
     road |= parking

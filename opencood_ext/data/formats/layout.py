@@ -26,6 +26,21 @@ log = logging.getLogger(__name__)
 _YAML_NAME = re.compile(r"^(\d+)\.yaml$")
 
 
+HETERO_FROM, HETERO_TO = "OPV2V", "OPV2V_Hetero"
+
+
+def hetero_tree(root) -> Optional[Path]:
+    """OPV2V-H's side tree of an OPV2V ``root`` (whether or not it exists): HEAL
+    finds ``_32.pcd`` / ``_16.pcd`` / ``_depth{i}.png`` by replacing every
+    ``OPV2V`` in the file path with ``OPV2V_Hetero`` (``heter_utils.Adaptor.
+    switch_lidar_channels``, the base dataset's depth paths); None when ``root``
+    has no ``OPV2V`` or already names the side tree."""
+    s = str(root)
+    if HETERO_FROM not in s or HETERO_TO in s:
+        return None
+    return Path(s.replace(HETERO_FROM, HETERO_TO))
+
+
 def split_dir(root, split: str, layout_hint: str) -> Path:
     """``root/split`` or a DataFormatError listing the splits that do exist."""
     root = Path(root)

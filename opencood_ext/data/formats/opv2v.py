@@ -23,7 +23,7 @@ import numpy as np
 from ...geometry import pose_to_matrix
 from ..errors import DataFormatError
 from ..frame import AgentObs, CameraObs, Frame, ObjectLabel, sort_agent_ids
-from .layout import IndexedReader, frame_keys, scan_scenarios, split_dir
+from .layout import IndexedReader, frame_keys, hetero_tree, scan_scenarios, split_dir
 from .opv2v_io import (CAMERA_KEY, as_array, camera_indices, existing, load_yaml, parse_camera,
                        parse_objects, read_depth_png, read_rgb_png, require)
 from .pcd import read_pcd
@@ -90,12 +90,9 @@ def resolve_assignment(modality: Modality, tree: Mapping[str, Mapping[int, objec
 
 
 def default_hetero_root(root: Path) -> Optional[Path]:
-    """The root with ``OPV2V`` replaced by ``OPV2V_Hetero`` when that directory exists."""
-    s = str(root)
-    if "OPV2V" not in s or "OPV2V_Hetero" in s:
-        return None
-    cand = Path(s.replace("OPV2V", "OPV2V_Hetero"))
-    return cand if cand.is_dir() else None
+    """:func:`~.layout.hetero_tree` of ``root`` (``OPV2V`` -> ``OPV2V_Hetero``) when that directory exists."""
+    cand = hetero_tree(root)
+    return cand if cand is not None and cand.is_dir() else None
 
 
 class OPV2VReader(IndexedReader):

@@ -6,11 +6,16 @@ the yaml ``extrinsic`` maps LiDAR-frame points into the camera frame, i.e. it is
 to 1e-13, so ``CameraObs.T_lidar_from_camera = inv(extrinsic)``. The camera
 frame is CARLA's actor frame (x forward, y right, z up), not an optical frame.
 
-Depth PNG encoding (our writer): 16-bit grayscale, ``pixel = round(depth * 256)``
-clipped to 0..65535 (1/256 unit steps up to 256 units; NaN -> 0), with a PNG
-text chunk ``depth_scale = 256``. The reader divides by ``depth_scale`` when the
-chunk is present and otherwise returns the raw pixel values (OPV2V-H's own
-depth PNGs, whose values are used raw; for a multi-channel PNG, channel 0).
+Depth PNG encoding, OPV2V-H's: 8-bit grayscale, one unit = one metre of planar
+depth (along the camera's optical axis), ``pixel = round(depth)`` clipped to
+0..255 (sky and anything beyond 255 m -> 255; NaN -> 0, "no value"). HEAL
+decodes it as ``ToTensor(PIL image) * 255``, i.e. the raw pixel value in metres
+(``opencood/data_utils/datasets/intermediate_heter_fusion_dataset.py``); the
+reader returns the same (for a multi-channel PNG, channel 0). Older datasets of
+this project stored 16-bit ``round(depth * 256)`` with a PNG text chunk
+``depth_scale = 256``; the reader still divides those by ``depth_scale``, and
+refuses a 16-bit PNG without the chunk (an unknown encoding, which HEAL would
+misread).
 """
 from __future__ import annotations
 
@@ -27,8 +32,8 @@ from ..frame import ObjectLabel
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 CAMERA_KEY = re.compile(r"^camera(\d+)$")
-DEPTH_SCALE = 256.0
-_DEPTH_TEXT_KEY = "depth_scale"
+DEPTH_MAX_M = 255  # the 8-bit encoding's largest depth (sky, far)
+_DEPTH_TEXT_KEY = "depth_scale"  # only in the older 16-bit files
 PNG_LEVEL = 3  # zlib level: 4x faster than the default 6 on 800x600 frames, ~8% larger
 
 
@@ -169,31 +174,32 @@ def write_rgb_png(path, image: np.ndarray) -> None:
 
 
 def read_depth_png(path) -> np.ndarray:
-    """(H, W) float32 depth (see the module docstring for the encoding)."""
+    """(H, W) float32 depth in metres (see the module docstring for the encodings)."""
     img = _open_image(path)
     scale = img.info.get(_DEPTH_TEXT_KEY)
     arr = np.asarray(img)
     if arr.ndim == 3:
         arr = arr[..., 0]
-    arr = arr.astype(np.float32)
-    if scale is not None:
-        try:
-            arr = arr / np.float32(float(scale))
-        except ValueError:
-            raise DataFormatError(path, f"text chunk {_DEPTH_TEXT_KEY}={scale!r} is not a number") from None
-    return arr
+    if arr.dtype == np.uint8:
+        return arr.astype(np.float32)
+    if scale is None:
+        raise DataFormatError(path, f"{arr.dtype} depth PNG (mode {img.mode}) without a {_DEPTH_TEXT_KEY} text "
+                              f"chunk: unknown encoding (OPV2V-H depth PNGs are 8-bit, one unit = 1 m)")
+    try:
+        return (arr.astype(np.float32) / np.float32(float(scale))).astype(np.float32)
+    except ValueError:
+        raise DataFormatError(path, f"text chunk {_DEPTH_TEXT_KEY}={scale!r} is not a number") from None
 
 
 def write_depth_png(path, depth: np.ndarray) -> None:
-    from PIL import Image, PngImagePlugin
+    """(H, W) depth in metres -> 8-bit PNG in OPV2V-H's encoding (module docstring)."""
+    from PIL import Image
 
     d = np.asarray(depth, dtype=np.float64)
     if d.ndim != 2:
         raise ValueError(f"{path}: depth must be (H, W), got {d.shape}")
-    q = np.clip(np.rint(np.nan_to_num(d, nan=0.0, posinf=65535.0 / DEPTH_SCALE) * DEPTH_SCALE), 0, 65535)
-    info = PngImagePlugin.PngInfo()
-    info.add_text(_DEPTH_TEXT_KEY, f"{DEPTH_SCALE:g}")
-    Image.fromarray(q.astype(np.uint16)).save(path, format="PNG", pnginfo=info, compress_level=PNG_LEVEL)
+    q = np.clip(np.rint(np.nan_to_num(d, nan=0.0, posinf=DEPTH_MAX_M, neginf=0.0)), 0, DEPTH_MAX_M)
+    Image.fromarray(q.astype(np.uint8)).save(path, format="PNG", compress_level=PNG_LEVEL)
 
 
 def existing(*candidates: Optional[Path]) -> Optional[Path]:

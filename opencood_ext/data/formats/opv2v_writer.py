@@ -2,10 +2,17 @@
 OpenCOOD-family tools read.
 
 Per agent: ``<root>/<split>/<scenario>/<agent_id>/<timestamp>.pcd`` (rgb-packed
-intensity, OPV2V's encoding), ``.yaml``, ``_32.pcd`` / ``_16.pcd`` (from
-``lidar_beams``), ``_camera{i}.png`` and ``_depth{i}.png`` (16-bit, see
-:mod:`.opv2v_io`). Output bytes depend only on the Frame (sorted yaml keys,
-exact float repr, deterministic PNG/PCD encoders).
+intensity, OPV2V's encoding), ``.yaml``, ``_bev_visibility.png`` (HEAL's
+visible-cell mask, :mod:`.bev_visibility`), ``_camera{i}.png``, and OPV2V-H's
+``_32.pcd`` / ``_16.pcd`` (from ``lidar_beams``) and ``_depth{i}.png`` (8-bit
+metres, :mod:`.opv2v_io`). The OPV2V-H files go in the same directory, or with
+``hetero_root`` in HEAL's side tree ``<hetero_root>/<split>/<scenario>/<agent_id>/``
+(:func:`~.layout.hetero_tree`). Output bytes depend only on the Frame (sorted
+yaml keys, exact float repr, deterministic PNG/PCD encoders).
+
+:data:`WRITER_FORMAT` numbers what the writer puts on disk (the recorder keeps
+it in its completion markers): 1 = 16-bit depth x 256, no visibility masks;
+2 = 8-bit depth in metres and ``_bev_visibility.png``.
 
 yaml per agent: ``lidar_pose``; ``true_ego_pos`` / ``predicted_ego_pos`` /
 ``ego_speed`` from ``meta`` (defaults: the LiDAR pose, the true pose, 0);
@@ -26,10 +33,12 @@ import numpy as np
 
 from ...geometry import matrix_to_pose, pose_to_matrix
 from ..frame import AgentObs, CameraObs, Frame, ObjectLabel
+from .bev_visibility import visibility_mask, write_visibility_png
 from .opv2v_io import CAMERA_KEY, dump_yaml, plain, write_depth_png, write_rgb_png
 from .pcd import write_pcd
 
 _CAM_NAME = re.compile(r"^camera(\d+)$")
+WRITER_FORMAT = 2
 
 
 def _pose_for(T: np.ndarray, raw) -> List[float]:
@@ -82,21 +91,31 @@ def agent_yaml(agent: AgentObs, objects: Mapping[int, ObjectLabel], object_ids) 
 
 
 def write_opv2v_frame(root, split: str, frame: Frame, pcd_data: str = "binary",
-                      write_cameras: bool = True) -> List[Path]:
-    """Write every agent of ``frame``; returns the written paths (sorted)."""
+                      write_cameras: bool = True, hetero_root=None, bev_visibility: bool = True) -> List[Path]:
+    """Write every agent of ``frame``; returns the written paths (sorted).
+
+    hetero_root: where the OPV2V-H files go (HEAL's ``OPV2V_Hetero`` tree);
+        None: beside the main files.
+    bev_visibility: write ``<timestamp>_bev_visibility.png`` per agent.
+    """
     base = Path(root) / str(split) / frame.scenario
+    het = None if hetero_root is None else Path(hetero_root) / str(split) / frame.scenario
     any_visible = any(a.visible_ids for a in frame.agents)
     written: List[Path] = []
     for agent in frame.agents:
         d = base / str(agent.agent_id)
-        d.mkdir(parents=True, exist_ok=True)
+        h = d if het is None else het / str(agent.agent_id)
+        for folder in {d, h}:
+            folder.mkdir(parents=True, exist_ok=True)
         ts = frame.timestamp
         written.append(write_pcd(d / f"{ts}.pcd", agent.lidar, data=pcd_data))
         for n, pts in sorted(agent.lidar_beams.items()):
-            written.append(write_pcd(d / f"{ts}_{int(n)}.pcd", pts, data=pcd_data))
+            written.append(write_pcd(h / f"{ts}_{int(n)}.pcd", pts, data=pcd_data))
         ids = agent.visible_ids if any_visible else sorted(frame.objects)
         dump_yaml(d / f"{ts}.yaml", agent_yaml(agent, frame.objects, ids))
         written.append(d / f"{ts}.yaml")
+        if bev_visibility:
+            written.append(write_visibility_png(d / f"{ts}_bev_visibility.png", visibility_mask(agent)))
         if not write_cameras:
             continue
         for pos, cam in enumerate(agent.cameras):
@@ -105,8 +124,8 @@ def write_opv2v_frame(root, split: str, frame: Frame, pcd_data: str = "binary",
                 write_rgb_png(d / f"{ts}_camera{i}.png", cam.image)
                 written.append(d / f"{ts}_camera{i}.png")
             if cam.depth is not None:
-                write_depth_png(d / f"{ts}_depth{i}.png", cam.depth)
-                written.append(d / f"{ts}_depth{i}.png")
+                write_depth_png(h / f"{ts}_depth{i}.png", cam.depth)
+                written.append(h / f"{ts}_depth{i}.png")
     return sorted(written)
 
 

@@ -1,0 +1,108 @@
+"""Record OPV2V-H-format datasets with the built-in simulator (no CARLA, no download).
+
+    gencomm-sim -o DIR [--scenarios N] [--frames M] [--seed S]
+        [--split-ratio 0.6 0.2 0.2] [--no-cameras] [--camera-size WxH]
+        [--agent-types RIG.yaml]
+
+Writes ``DIR/{train,validate,test}/<scenario>/...`` (64-beam ``.pcd``,
+``_32.pcd`` / ``_16.pcd``, ``_camera{i}.png``, ``_depth{i}.png``, ``.yaml``,
+``_bev_visibility.png``), ``data_protocol.yaml`` per scenario and
+``DIR/modality_assignment.json``. ``--tree heal`` puts the 32/16-beam scans and
+the depth images in HEAL's side tree instead, the output path with ``OPV2V``
+replaced by ``OPV2V_Hetero`` (``-o data/OPV2V`` -> ``data/OPV2V_Hetero``), where
+HEAL's OPV2V-H loader looks for them; our reader finds them there too.
+A rerun skips finished scenarios; the same arguments give identical files. From a checkout,
+``python tools/simulate.py`` runs the same command.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from opencood_ext.data.formats.layout import HETERO_FROM, HETERO_TO, hetero_tree
+from opencood_ext.sim.agent_types import DEFAULT_PATH, load_agent_types
+from opencood_ext.sim.builtin import LAYOUTS, AgentParams, BuiltinWorld, SimConfig
+from opencood_ext.sim.recorder import record
+from opencood_ext.sim.town import TownParams
+from opencood_ext.sim.traffic import TrafficParams
+
+
+def _size(text: str):
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--camera-size must look like 800x600, got {text!r}") from None
+    if w < 1 or h < 1:
+        raise argparse.ArgumentTypeError(f"--camera-size must be positive, got {text!r}")
+    return w, h
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-o", "--out", type=Path, required=True, help="dataset root to write")
+    p.add_argument("--scenarios", type=int, default=4)
+    p.add_argument("--frames", type=int, default=50, help="saved frames per scenario (10 Hz)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split-ratio", type=float, nargs=3, default=(0.6, 0.2, 0.2), metavar=("TRAIN", "VAL", "TEST"))
+    p.add_argument("--no-cameras", action="store_true", help="LiDAR only (no _camera / _depth PNGs)")
+    p.add_argument("--camera-size", type=_size, default=None, help="WxH; intrinsics scale (default 800x600)")
+    p.add_argument("--agent-types", type=Path, default=DEFAULT_PATH, help="agent types and sensor rig yaml")
+    p.add_argument("--vehicles", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                   help="moving vehicles per scenario (default 20 60)")
+    p.add_argument("--layout", choices=LAYOUTS, default="junction",
+                   help="where the connected vehicles go: 'junction' (ego approaching a junction, collaborators "
+                        "on its other arms, so they see what the ego cannot) or 'free' (anywhere near the ego)")
+    p.add_argument("--points-per-second", type=int, default=None, help="override the LiDAR rate (faster tests)")
+    p.add_argument("--raster-res", type=float, default=0.25, help="ground raster cell, m")
+    p.add_argument("--no-shadows", action="store_true", help="skip camera shadow rays")
+    p.add_argument("--pcd-data", choices=("binary", "binary_compressed", "ascii"), default="binary")
+    p.add_argument("--tree", choices=("flat", "heal"), default="flat",
+                   help=f"'flat': every file beside the .yaml; 'heal': the 32/16-beam scans and depth images in "
+                        f"HEAL's side tree, the output path with {HETERO_FROM} replaced by {HETERO_TO}")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _rig_id(path: Path) -> str:
+    """The rig file by name and content (not by location, which differs between installs)."""
+    return f"{path.name} sha256:{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    hetero = None
+    if args.tree == "heal":
+        hetero = hetero_tree(args.out)
+        if hetero is None:
+            print(f"error: --tree heal: HEAL finds the 32/16-beam scans and depth images by replacing "
+                  f"{HETERO_FROM!r} with {HETERO_TO!r} in the dataset path, so the output path must contain "
+                  f"{HETERO_FROM!r} (e.g. -o data/{HETERO_FROM}); got {args.out}", file=sys.stderr)
+            return 2
+    sensors = load_agent_types(args.agent_types)
+    if args.points_per_second is not None:
+        sensors = replace(sensors, lidar=replace(sensors.lidar, points_per_second=args.points_per_second))
+    traffic = TrafficParams() if args.vehicles is None else TrafficParams(vehicles=tuple(args.vehicles))
+    cfg = SimConfig(town=TownParams(raster_res=args.raster_res), traffic=traffic, sensors=sensors,
+                    agents=AgentParams(layout=args.layout),
+                    cameras=not args.no_cameras, camera_size=args.camera_size, camera_shadows=not args.no_shadows)
+    settings = {"agent_types": _rig_id(args.agent_types), "camera_size": list(args.camera_size or ()),
+                "vehicles": list(traffic.vehicles), "points_per_second": sensors.lidar.points_per_second,
+                "raster_res": args.raster_res, "shadows": not args.no_shadows, "layout": args.layout}
+    world = BuiltinWorld(cfg)
+    try:
+        res = record(world, args.out, args.scenarios, args.frames, args.seed, args.split_ratio,
+                     write_cameras=not args.no_cameras, pcd_data=args.pcd_data, progress=not args.quiet,
+                     settings=settings, hetero_root=hetero)
+    finally:
+        world.close()
+    side = f"; 32/16-beam scans and depth in {hetero}" if hetero else ""
+    print(f"{args.out}: recorded {len(res.recorded)} scenario(s), skipped {len(res.skipped)} finished; "
+          f"splits {dict(sorted(res.splits.items()))}{side}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Train a cooperative detector.
+
+    gencomm-train -y configs/sim/m1_none.yaml
+    gencomm-train --model_dir runs/NAME                                # resume from latest.pth
+    torchrun --nproc_per_node=2 --no-python gencomm-train -y CONFIG    # DDP (gloo on CPU, nccl on GPU)
+
+From a checkout, ``python tools/train.py`` (also under torchrun) runs the same command.
+
+The run folder holds the resolved ``config.yaml``, ``checkpoints/`` (every epoch,
+``latest.pth``, ``best.pth``; written atomically), tensorboard scalars in ``tb/``
+and ``train_log.jsonl``.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from opencood_ext.config import ConfigError, dump_config
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-y", "--hypes_yaml", type=Path, help="experiment yaml (required unless --model_dir resumes)")
+    p.add_argument("--model_dir", type=Path, help="run folder: resume it, or create it for a new run")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set train.epochs=2 (repeatable)")
+    p.add_argument("--runs_root", type=Path, default=Path("runs"), help="where new run folders go")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from opencood_ext.experiment import build_dataset, build_model, collate, load_experiment
+    from opencood_ext.training import distributed as D
+    from opencood_ext.training.trainer import Trainer
+
+    resume_cfg = args.model_dir / "config.yaml" if args.model_dir else None
+    try:
+        if resume_cfg is not None and resume_cfg.exists():
+            if args.hypes_yaml:
+                logging.info("resuming %s: using its saved config.yaml, not %s", args.model_dir, args.hypes_yaml)
+            cfg = load_experiment(resume_cfg, args.overrides)
+        elif args.hypes_yaml:
+            cfg = load_experiment(args.hypes_yaml, args.overrides)
+        else:
+            print("error: give -y CONFIG, or --model_dir of a run that has config.yaml", file=sys.stderr)
+            return 2
+    except (ConfigError, ValueError) as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = args.model_dir or args.runs_root / f"{cfg.name}_{time.strftime('%Y_%m_%d_%H_%M_%S')}"
+    model = build_model(cfg)
+    train_set = build_dataset(cfg, cfg.data.train_split, train=True)
+    val_set = build_dataset(cfg, cfg.data.val_split, train=False) if cfg.train.val_every else None
+    trainer = Trainer(model, train_set, val_set, collate, cfg.train, run_dir)
+    if D.is_main_process():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, run_dir / "config.yaml")
+        logging.info("run folder %s; %d train / %s val samples; %d trainable parameters",
+                     run_dir, len(train_set), len(val_set) if val_set is not None else "no", trainer.trainable_params)
+    result = trainer.fit()
+    if D.is_main_process():
+        logging.info("done: %d epochs, best val %s, %.1f s", result.epochs_done, result.best_val, result.wall_time_s)
+        print(run_dir)
+    D.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
