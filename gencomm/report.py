@@ -1,8 +1,10 @@
 """``REPORT.md`` for a reproduction run: the comparison table, the onboarding
-cost against stage 1, and a plot of AP against bytes per message."""
+cost against stage 1, a plot of AP against bytes per message and every row's
+precision-recall curves at IoU 0.5 and 0.7."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import matplotlib
@@ -57,6 +59,52 @@ def plot_ap_vs_bytes(rows, path: Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+PR_THRESHOLDS = ("0.5", "0.7")
+
+
+def plot_pr_rows(rows, path: Path):
+    """Every row's global-order PR curve (the envelope stored in its eval result,
+    ``eval.pr_curves``), one panel per IoU in :data:`PR_THRESHOLDS`; None when no row has curves."""
+    have = [(k, r) for k, r in enumerate(rows) if (r["eval"].get("pr_curves") or {}).get("curves")]
+    if not have:
+        return None
+    fig, axes = plt.subplots(1, len(PR_THRESHOLDS), figsize=(11, 4.5), dpi=110, sharey=True)
+    for ax, thr in zip(axes, PR_THRESHOLDS):
+        for k, r in have:
+            c = r["eval"]["pr_curves"]["curves"].get(thr, {"recall": [], "precision": []})
+            ap = r["eval"]["ap"]["global"].get(thr)
+            ax.plot(c["recall"], c["precision"], color=f"C{k % 10}", drawstyle="steps-post",
+                    label=f"{r['method']} (AP {ap:.3f})" if ap is not None else r["method"])
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("recall")
+        ax.set_title(f"IoU {thr}")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower left", fontsize=7)
+    axes[0].set_ylabel("precision (best at this recall or higher)")
+    fig.suptitle("Precision-recall, global order, test split")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _pr_section(rows, out: Path) -> list:
+    """The PR figure and a link to each row's own pr_<label>.png (AP@0.3/0.5/0.7), when evaluated."""
+    plot = plot_pr_rows(rows, out / "pr_curves.png")
+    if plot is None:
+        return []
+    lines = ["## Precision-recall curves", "",
+             "Each row's curve is the precision that AP integrates (the best precision at that recall or "
+             "higher), global order; the legend repeats the row's AP.", "", f"![PR curves]({plot.name})", ""]
+    images = [(r["method"], r["eval"]["pr_curves"].get("image")) for r in rows
+              if (r["eval"].get("pr_curves") or {}).get("image")]
+    if images:
+        lines += ["Per row, AP@0.3 / 0.5 / 0.7 on one plot: " + ", ".join(
+            f"[{m}]({Path(os.path.relpath(img, out)).as_posix()})" for m, img in images), ""]
+    return lines
 
 
 def _visibility_table(rows) -> list:
@@ -137,6 +185,7 @@ def write_report(results: dict, out: Path) -> Path:
               f"- wall time: onboarding {ob['onboarding_wall_time_s']:.0f} s vs stage 1 "
               + ", ".join(f"{t} {v:.0f} s" for t, v in s1.items()),
               "", f"![AP against bytes]({plot.name})", ""]
+    lines += _pr_section(rows, out)
     path = out / "REPORT.md"
     path.write_text("\n".join(lines))
     return path

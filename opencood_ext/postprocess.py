@@ -3,8 +3,9 @@
 Per batch item and class: sigmoid scores above ``score_threshold`` -> decode
 the anchors' deltas (:class:`BoxCoder`) -> put each yaw in the half-turn its
 direction bin predicts -> rotated NMS at ``nms_iou`` (BEV IoU, per class) ->
-keep boxes whose BEV centre lies inside ``gt_range`` -> at most ``max_boxes``
-by score. Boxes are ``[x, y, z, l, w, h, yaw]`` in the ego LiDAR frame.
+keep boxes whose 8 corners all lie inside ``gt_range``, z included (the field's
+rule, :func:`~opencood_ext.geometry.boxes_inside_range`) -> at most
+``max_boxes`` by score. Boxes are ``[x, y, z, l, w, h, yaw]`` in the ego LiDAR frame.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from opencood_ext.geometry.boxes import limit_period
+from opencood_ext.geometry.boxes import boxes_inside_range, limit_period
 from opencood_ext.geometry.iou import rotated_nms
 from opencood_ext.models.anchors import BoxCoder
 from opencood_ext.models.head import HeadOutput
@@ -38,7 +39,8 @@ def decode_detections(head_out: HeadOutput, anchors: torch.Tensor, score_thresho
     """Decode a batch of head outputs.
 
     head_out: maps (B, K * ., H, W); anchors: (H, W, K, 7) or (H * W * K, 7).
-    gt_range: (xmin, ymin, zmin, xmax, ymax, zmax); only x and y are checked.
+    gt_range: (xmin, ymin, zmin, xmax, ymax, zmax); a box is kept when all 8 corners are
+        inside (bounds inclusive, z included), as for the ground truth.
     coder: must be the one used for the targets (direction offset and bins).
     pre_nms_max: per class, only the best this-many candidates enter NMS (a guard
         for untrained models; None disables it).
@@ -77,9 +79,7 @@ def decode_detections(head_out: HeadOutput, anchors: torch.Tensor, score_thresho
             boxes, scores = reg.new_zeros(0, 7).float(), reg.new_zeros(0).float()
             labels = torch.zeros(0, dtype=torch.long, device=reg.device)
         if gt_range is not None:
-            xmin, ymin, _, xmax, ymax, _ = (float(v) for v in gt_range)
-            inside = ((boxes[:, 0] >= xmin) & (boxes[:, 0] <= xmax)
-                      & (boxes[:, 1] >= ymin) & (boxes[:, 1] <= ymax))
+            inside = torch.from_numpy(boxes_inside_range(boxes, gt_range)).to(boxes.device)
             boxes, scores, labels = boxes[inside], scores[inside], labels[inside]
         order = torch.sort(scores, descending=True, stable=True).indices[:max_boxes]
         results.append(Detections(boxes=boxes[order], scores=scores[order], labels=labels[order]))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from opencood_ext.eval import APAccumulator, format_ap_table, plot_pr_curves, voc_ap
+from opencood_ext.eval import APAccumulator, format_ap_table, plot_pr_curves, pr_envelope, voc_ap
 from opencood_ext.geometry import bev_iou
 
 
@@ -250,3 +250,32 @@ def test_matches_plain_protocol_on_random_frames(batch_pairs):
             expect = _plain_ap(frames, ious, thr, global_sort)
             assert res.ap[thr] == pytest.approx(expect, abs=1e-12)
     assert 0 < res.ap[0.7] < res.ap[0.3]
+
+
+def test_pr_envelope_by_hand_and_monotone():
+    # TP FP TP FP with 3 GT at IoU 0.5 (test_single_frame_thresholds_and_duplicate): recall 1/3 1/3 2/3 2/3,
+    # precision 1 1/2 2/3 1/2. Best precision at recall >= r: 1 up to 1/3, 2/3 up to 2/3, no points beyond.
+    acc = APAccumulator()
+    acc.add(boxes(FAR, 0, 10.5, 0), np.array([0.8, 0.9, 0.7, 0.6]), boxes(0, 10, 20))
+    res = acc.result(True)
+    c = pr_envelope(res, 0.5)
+    assert c["recall"] == [round(k / 100, 4) for k in range(67)]  # the grid stops at the highest recall, 2/3
+    assert c["precision"] == [1.0] * 34 + [0.6667] * 33
+    c7 = pr_envelope(res, 0.7)
+    assert c7["recall"][-1] == 0.33 and set(c7["precision"]) == {1.0}
+    # on random frames: recall increasing, precision non-increasing, and the grid AP close to the exact one
+    rng = np.random.default_rng(3)
+    acc = APAccumulator()
+    for _ in range(20):
+        gt = boxes(*rng.uniform(-30, 30, 5))
+        pred = np.concatenate([gt + np.c_[rng.normal(0, 0.4, (5, 1)), np.zeros((5, 6))], boxes(FAR, FAR + 10)])
+        acc.add(pred, rng.uniform(0, 1, 7), gt)
+    res = acc.result(True)
+    for thr in res.thresholds:
+        c = pr_envelope(res, thr)
+        r, p = np.array(c["recall"]), np.array(c["precision"])
+        assert len(r) > 10 and (np.diff(r) > 0).all() and (np.diff(p) <= 0).all() and ((p >= 0) & (p <= 1)).all()
+        assert np.mean(np.r_[p, np.zeros(101 - len(p))]) == pytest.approx(res.ap[thr], abs=0.02)
+    empty = APAccumulator()
+    empty.add(np.zeros((0, 7)), np.zeros(0), boxes(0))
+    assert pr_envelope(empty.result(True), 0.5) == {"recall": [], "precision": []}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from opencood_ext.data.frame import ObjectLabel
-from opencood_ext.geometry import (bev_corners, bev_iou, bev_iou_aligned, boxes_to_corners,
+from opencood_ext.geometry import (bev_corners, bev_iou, bev_iou_aligned, boxes_inside_range, boxes_to_corners,
                                    corners_to_boxes, invert_transform, matrix_to_pose,
                                    objects_to_boxes, points_in_boxes, pose_to_matrix,
                                    relative_transform, rotated_nms, transform_points)
@@ -103,6 +103,32 @@ def test_points_in_boxes():
     expect = np.array([[1, 0], [0, 0], [0, 0], [0, 1], [0, 0], [0, 0]], dtype=bool)
     np.testing.assert_array_equal(points_in_boxes(pts, boxes), expect)
     assert points_in_boxes(np.zeros((0, 3)), boxes).shape == (0, 2)
+
+
+
+def test_boxes_inside_range_corners_z_and_inclusive_bounds():
+    """The field's rule (OpenCOOD/HEAL mask_boxes_outside_range_numpy): all 8 corners inside,
+    bounds inclusive, z checked too; the centre alone decides nothing."""
+    r = [-10.0, -5.0, -3.0, 10.0, 5.0, 1.0]
+    boxes = np.array([
+        [0, 0, -1, 4, 2, 1.5, 0],            # well inside
+        [9.0, 0, -1, 4, 2, 1.5, 0],          # centre inside, front corners at x = 11
+        [0, 0, 0.5, 4, 2, 1.5, 0],           # centre inside, roof at z = 1.25
+        [8.0, 4.0, -2.25, 4, 2, 1.5, 0],     # touches x = 10, y = 5 and z = -3 exactly: kept
+        [0, 4.5, -1, 4, 2, 1.5, np.pi / 2],  # turned 90 deg: its length now runs along y, out at 6.5
+        [13.0, 0, -1, 4, 2, 1.5, 0],         # centre outside, back corners at x = 11
+    ])
+    np.testing.assert_array_equal(boxes_inside_range(boxes, r), [True, False, False, True, False, False])
+    # min_corners: 4 of the 8 corners of box 1 (the back face) are inside
+    np.testing.assert_array_equal(boxes_inside_range(boxes, r, min_corners=4)[:3], [True, True, True])
+    assert not boxes_inside_range(boxes, r, min_corners=1)[5]
+    assert boxes_inside_range(torch.tensor(boxes, dtype=torch.float32), r).tolist() == \
+        [True, False, False, True, False, False]
+    assert boxes_inside_range(np.zeros((0, 7)), r).shape == (0,)
+    with pytest.raises(ValueError, match="min_corners"):
+        boxes_inside_range(boxes, r, min_corners=9)
+    with pytest.raises(ValueError, match="max > min"):
+        boxes_inside_range(boxes, [1, 1, 1, 0, 0, 0])
 
 
 # ---------------------------------------------------------------- rotated IoU

@@ -11,7 +11,8 @@ from opencood_ext.data.formats import (OPV2VReader, get_reader, write_data_proto
                                        write_opv2v_frame)
 from opencood_ext.data.frame import AgentObs, CameraObs, Frame, ObjectLabel
 from opencood_ext.data.ground_truth import frame_ground_truth
-from opencood_ext.geometry import invert_transform, matrix_to_pose, points_in_boxes, pose_to_matrix
+from opencood_ext.geometry import (boxes_to_corners, invert_transform, matrix_to_pose, points_in_boxes,
+                                   pose_to_matrix)
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 SCEN = "2021_08_21_17_30_41"
@@ -300,6 +301,26 @@ def test_camera_png_without_yaml_key(tmp_path):
 
 # --------------------------------------------------------------------------- ground truth
 
+
+def test_ground_truth_range_rule_on_real_fixture():
+    """V2XSet frame 000069 at +-40 m: the field keeps a box only with all 8 corners inside the
+    range, z included. Car 4328 (centre x 39.90, front at x 42.59) has its centre inside but is
+    dropped; 4327 (centre x 47.79) is outside either way. A roof below z -0.2 drops 4311 and 4313
+    (tops at -0.06 and -0.08 m), whose centres (about -1.0 m) are inside."""
+    frame = OPV2VReader(_fixture_root(), "validate")[0]
+    T = frame.agents[0].T_world_from_lidar
+    kept = [4306, 4309, 4310, 4311, 4312, 4313, 4314, 4316, 4317, 4318, 4321, 4323, 4326, 4329, 4330,
+            4331, 4332, 4333, 4335]
+    everything = frame_ground_truth(frame, T)
+    assert sorted(everything.ids.tolist()) == sorted(kept + [4327, 4328])
+    centres = everything.boxes[:, :3]
+    r40 = (-40.0, -40.0, -3.0, 40.0, 40.0, 1.0)
+    centre_inside = ((centres >= r40[:3]) & (centres <= r40[3:])).all(axis=1)
+    assert sorted(everything.ids[centre_inside].tolist()) == sorted(kept + [4328])  # the old centre rule
+    assert frame_ground_truth(frame, T, lidar_range=r40).ids.tolist() == kept
+    low_roof = (-40.0, -40.0, -3.0, 40.0, 40.0, -0.2)
+    assert frame_ground_truth(frame, T, lidar_range=low_roof).ids.tolist() == [i for i in kept if i not in (4311, 4313)]
+
 def test_ground_truth_filters(tmp_path):
     frame = make_frame()
     ego = frame.agent(3)
@@ -313,8 +334,12 @@ def test_ground_truth_filters(tmp_path):
     assert frame_ground_truth(frame, ego.T_world_from_lidar, visible_to=[3]).ids.tolist() == [10, 11]
     assert frame_ground_truth(frame, ego.T_world_from_lidar, visible_to=[0, -1]).ids.tolist() == [11, 12]
     assert frame_ground_truth(frame, ego.T_world_from_lidar, classes=["Truck"]).ids.tolist() == [11]
-    c = gt.boxes[1, :3]
-    tight = (c[0] - 0.1, c[1] - 0.1, c[2] - 0.1, c[0] + 0.1, c[1] + 0.1, c[2] + 0.1)
+    corners = boxes_to_corners(gt.boxes[1:2])[0]
+    tight = (*(corners.min(axis=0) - 0.05), *(corners.max(axis=0) + 0.05))
     assert frame_ground_truth(frame, ego.T_world_from_lidar, lidar_range=tight).ids.tolist() == [11]
+    # the centre alone inside is not enough: a box is kept only with all 8 corners inside (the field's rule)
+    c = gt.boxes[1, :3]
+    around_centre = (c[0] - 0.1, c[1] - 0.1, c[2] - 0.1, c[0] + 0.1, c[1] + 0.1, c[2] + 0.1)
+    assert frame_ground_truth(frame, ego.T_world_from_lidar, lidar_range=around_centre).ids.tolist() == []
     empty = frame_ground_truth(frame, ego.T_world_from_lidar, lidar_range=(1e6, 1e6, 1e6, 2e6, 2e6, 2e6))
     assert len(empty) == 0 and empty.boxes.shape == (0, 7)

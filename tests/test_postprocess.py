@@ -72,6 +72,10 @@ def test_nms_threshold_range_and_cap():
     in_range = decode_detections(out, gen.anchors, gt_range=[-4.0, -4.0, -3.0, 8.0, 4.0, 1.0])[0]
     assert len(in_range) == 1
     _same_box(in_range.boxes[0], main)
+    # the field's rule: all 8 corners inside, z included; the main box's centre (1.2, -0.7, -0.9)
+    # stays inside both ranges below, but its front (x 3.25) or its roof (z -0.15) does not
+    for cut in ([-4.0, -4.0, -3.0, 2.5, 4.0, 1.0], [-4.0, -4.0, -3.0, 8.0, 4.0, -0.5]):
+        assert len(decode_detections(out, gen.anchors, gt_range=cut)[0]) == 0
     capped = decode_detections(out, gen.anchors, max_boxes=1, nms_iou=0.99)[0]
     assert len(capped) == 1 and capped.scores[0] == d.scores[0]
 

@@ -7,6 +7,7 @@ import yaml
 
 from opencood_ext.data.errors import DataFormatError
 from opencood_ext.data.formats import V2XREAL_SUPERCLASS, V2XRealReader, get_reader, superclass
+from opencood_ext.data.formats.v2xreal import read_bin
 from opencood_ext.data.ground_truth import frame_ground_truth
 from opencood_ext.geometry import pose_to_matrix
 
@@ -53,7 +54,7 @@ def test_frames_points_and_classes(tmp_path):
     assert [a.agent_id for a in frame.agents] == [1, 2, -1, -2]
     a = frame.agents[0]
     assert a.lidar.shape == (63, 4) and a.lidar.dtype == np.float32
-    assert 0 <= a.lidar[:, 3].min() and a.lidar[:, 3].max() <= 1 and a.lidar[:, 3].max() > 0.5
+    assert not a.lidar[:, 3].any()  # the official loader's intensity: zero
     np.testing.assert_allclose(a.T_world_from_lidar, pose_to_matrix([1, 2, 1.9, 0, 30, 0]))
     assert {k: o.obj_type for k, o in frame.objects.items()} == OBJECTS
     assert frame.agent(-1).visible_ids == [3, 4, 5]
@@ -77,11 +78,43 @@ def test_mode_without_ego_kind(tmp_path):
         V2XRealReader(root, "train", mode="x2y")
 
 
-def test_intensity_already_normalised(tmp_path):
-    frame = V2XRealReader(make_v2xreal(tmp_path, raw_intensity=False), "train")[0]
-    raw = np.fromfile(tmp_path / "train" / SCEN / "1" / "000000.bin", np.float32).reshape(-1, 4)
+def _raw_points(root, agent="1", ts="000000"):
+    return np.fromfile(root / "train" / SCEN / agent / f"{ts}.bin", np.float32).reshape(-1, 4)
+
+
+@pytest.mark.parametrize("raw_intensity", [True, False])
+def test_intensity_zero_like_the_official_loader(tmp_path, raw_intensity):
+    """Default: x, y, z as stored (NaN rows dropped), intensity 0 for every point, whatever the
+    file's intensity range (0..255 or 0..1): nothing is rescaled by a guess."""
+    frame = V2XRealReader(make_v2xreal(tmp_path, raw_intensity=raw_intensity), "train")[0]
+    raw = _raw_points(tmp_path)
     raw = raw[~np.isnan(raw).any(axis=1)]
-    np.testing.assert_array_equal(frame.agents[0].lidar, raw)
+    np.testing.assert_array_equal(frame.agents[0].lidar[:, :3], raw[:, :3])
+    assert raw[:, 3].max() > 0.5 and not frame.agents[0].lidar[:, 3].any()
+
+
+@pytest.mark.parametrize("raw_intensity", [True, False])
+def test_intensity_raw_is_kept_unscaled(tmp_path, raw_intensity):
+    reader = get_reader("v2xreal", make_v2xreal(tmp_path, raw_intensity=raw_intensity), "train", intensity="raw")
+    raw = _raw_points(tmp_path)
+    np.testing.assert_array_equal(reader[0].agents[0].lidar, raw[~np.isnan(raw).any(axis=1)])
+    assert reader[0].agents[0].lidar[:, 3].max() > (100 if raw_intensity else 0.5)
+
+
+def test_intensity_nan_and_bad_option(tmp_path):
+    """A point with finite x, y, z and a NaN intensity: the official loader keeps it (its intensity
+    is zeroed anyway); raw mode drops it. An unknown mode is refused by name."""
+    root = make_v2xreal(tmp_path, agents=(1,))
+    path = root / "train" / SCEN / "1" / "000000.bin"
+    pts = _raw_points(root)
+    pts[7, 3] = np.nan
+    pts.tofile(path)
+    assert V2XRealReader(root, "train")[0].agents[0].lidar.shape == (63, 4)
+    assert V2XRealReader(root, "train", intensity="raw")[0].agents[0].lidar.shape == (62, 4)
+    with pytest.raises(ValueError, match="intensity must be one of"):
+        V2XRealReader(root, "train", intensity="scaled")
+    with pytest.raises(ValueError, match="intensity must be one of"):
+        read_bin(path, intensity="255")
 
 
 def test_bad_bin_and_skip(tmp_path, caplog):

@@ -6,7 +6,7 @@ from typing import Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from ..geometry import invert_transform, objects_to_boxes
+from ..geometry import boxes_inside_range, invert_transform, objects_to_boxes
 from .frame import Frame
 
 
@@ -35,7 +35,8 @@ def frame_ground_truth(frame: Frame, T_world_from_sensor, lidar_range: Optional[
 
     Args:
         lidar_range: ``(xmin, ymin, zmin, xmax, ymax, zmax)`` in the sensor frame;
-            a box is kept when its CENTRE lies inside (bounds inclusive).
+            a box is kept when all 8 of its corners lie inside, z included, bounds
+            inclusive (the field's rule, :func:`~opencood_ext.geometry.boxes_inside_range`).
         classes: keep only objects whose ``obj_type`` is listed.
         visible_to: agent ids; keep objects any of them lists in ``visible_ids``
             (default: every object of the frame, the union over all agents).
@@ -54,9 +55,7 @@ def frame_ground_truth(frame: Frame, T_world_from_sensor, lidar_range: Optional[
     boxes = objects_to_boxes([frame.objects[i] for i in ids], T_sensor_from_world)
     ids_arr = np.asarray(ids, dtype=np.int64)
     if lidar_range is not None and len(ids):
-        r = np.asarray(lidar_range, dtype=np.float64).reshape(6)
-        c = boxes[:, :3]
-        mask = ((c >= r[:3]) & (c <= r[3:])).all(axis=1)
+        mask = boxes_inside_range(boxes, lidar_range)
         boxes, ids_arr = boxes[mask], ids_arr[mask]
     return GroundTruth(boxes=boxes.astype(np.float32).reshape(-1, 7), ids=ids_arr,
                        types=[frame.objects[int(i)].obj_type for i in ids_arr])

@@ -259,6 +259,26 @@ def format_ap_table(results: Dict[str, APResult]) -> str:
     return "\n".join(lines)
 
 
+def pr_envelope(result: APResult, threshold: float, points: int = 101) -> Dict[str, List[float]]:
+    """The PR curve AP integrates, sampled for plots and JSON: at recall ``r`` on a grid of
+    ``points`` values over [0, 1] (up to the highest recall reached), the best precision at
+    any recall >= r (the VOC envelope, non-increasing). Far fewer numbers than one per
+    detection, and monotone by construction. ``{"recall": [...], "precision": [...]}``,
+    both empty when there are no detections or no ground truth."""
+    if points < 2:
+        raise ValueError(f"pr_envelope: points must be >= 2, got {points}")
+    rec = np.asarray(result.recall[threshold], dtype=np.float64)
+    prec = np.asarray(result.precision[threshold], dtype=np.float64)
+    if len(rec) == 0 or result.num_gt == 0:
+        return {"recall": [], "precision": []}
+    env = np.maximum.accumulate(prec[::-1])[::-1]
+    grid = np.linspace(0.0, 1.0, points)
+    grid = grid[grid <= rec[-1] + 1e-12]
+    first = np.searchsorted(rec, grid - 1e-12, side="left")  # first detection reaching each recall
+    return {"recall": [round(float(r), 4) for r in grid],
+            "precision": [round(float(v), 4) for v in env[first]]}
+
+
 def plot_pr_curves(result: APResult, path) -> Path:
     """Save precision-recall curves (one per threshold) of ``result`` to ``path`` (PNG, PDF...)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

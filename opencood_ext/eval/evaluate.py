@@ -1,6 +1,8 @@
 """Evaluate a cooperative detector on a dataset split: AP@0.3/0.5/0.7 in both
 accumulation orders (docs/formats.md section 4), bytes each collaborator sends per
-frame, time per frame, and BEV images of detections vs ground truth.
+frame, time per frame, BEV images of detections vs ground truth, and the
+precision-recall curves (global order) as ``pr_<label>.png`` next to
+``eval_<label>.json``.
 
 Every frame goes through :meth:`CooperativeDetector.predict`: each
 collaborator's message is encoded, passes the channel (pose noise, loss;
@@ -26,7 +28,7 @@ from tqdm import tqdm
 
 from opencood_ext.comm.channel import ChannelConfig
 from opencood_ext.data.batch import collate_samples
-from opencood_ext.eval.ap import APAccumulator, format_ap_table
+from opencood_ext.eval.ap import APAccumulator, format_ap_table, plot_pr_curves, pr_envelope
 from opencood_ext.eval.localisation import LocalisationStats, format_localisation
 from opencood_ext.eval.visibility import VisibilityRecall, visibility_groups
 from opencood_ext.viz import plot_agents_bev
@@ -38,7 +40,10 @@ log = logging.getLogger(__name__)
 class EvalResult:
     """ap: {"global": {0.3: ., 0.5: ., 0.7: .}, "per_frame": {...}};
     bytes_per_message: mean bytes one collaborator sent per frame (0 with none);
-    log2_bytes: log2 of that; frames, seconds_per_frame, num_gt, num_pred."""
+    log2_bytes: log2 of that; frames, seconds_per_frame, num_gt, num_pred.
+    pr_curves: the global-order PR curves, ``{"order": "global", "image": path of pr_<label>.png
+    or None, "curves": {"0.3": {"recall": [...], "precision": [...]}, ...}}`` (each curve the
+    VOC envelope on a recall grid, :func:`~opencood_ext.eval.ap.pr_envelope`)."""
 
     fusion: str
     ap: Dict[str, Dict[float, float]]
@@ -52,6 +57,7 @@ class EvalResult:
     recall_by_visibility: Optional[Dict[str, dict]] = None
     localisation: Optional[Dict[str, dict]] = None  # opencood_ext.eval.localisation: box precision of found objects
     channel: Dict[str, object] = field(default_factory=dict)  # settings and counts: sent, lost, rejected
+    pr_curves: Optional[dict] = None
 
     @property
     def log2_bytes(self) -> float:
@@ -152,9 +158,13 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         channel={**asdict(channel), "describe": channel.describe(),
                  "latency_frames": getattr(dataset, "latency_frames", 0), "sent": collaborators, "lost": lost,
                  "rejected": sum(rejected.values()), "rejected_reasons": dict(rejected)})
+    g = res["global"]
+    result.pr_curves = {"order": g.order, "image": None,
+                        "curves": {str(t): pr_envelope(g, t) for t in g.thresholds}}
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        result.pr_curves["image"] = str(plot_pr_curves(g, out / f"pr_{label or model.fusion}.png"))
         name = f"eval_{label or model.fusion}"
         (out / f"{name}.json").write_text(json.dumps(result.to_json(), indent=2))
         (out / f"{name}.yaml").write_text(yaml.safe_dump(result.to_json(), sort_keys=False))

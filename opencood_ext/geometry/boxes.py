@@ -89,6 +89,29 @@ def points_in_boxes(points, boxes, bev_only: bool = False) -> np.ndarray:
     return inside if bev_only else inside & (np.abs(d[..., 2]) <= b[:, 5] / 2)
 
 
+def boxes_inside_range(boxes, lidar_range, min_corners: int = 8) -> np.ndarray:
+    """(N, 7) boxes -> (N,) bool: at least ``min_corners`` of each box's 8 corners lie inside
+    ``lidar_range = (xmin, ymin, zmin, xmax, ymax, zmax)``, bounds inclusive, z included.
+
+    The field's rule for ground truth and predictions (OpenCOOD / HEAL
+    ``mask_boxes_outside_range_numpy``, default 8 corners): a box that pokes out of the
+    detection area in x, y OR z is dropped, not only one whose centre is outside.
+    ``boxes`` may be a numpy array or a torch tensor (read on the CPU); the mask is numpy.
+    """
+    if not 1 <= int(min_corners) <= 8:
+        raise ValueError(f"boxes_inside_range: min_corners must be in 1..8, got {min_corners}")
+    r = np.asarray(lidar_range, dtype=np.float64).reshape(-1)
+    if r.shape != (6,) or not (r[3:] > r[:3]).all():
+        raise ValueError(f"boxes_inside_range: lidar_range must be (xmin, ymin, zmin, xmax, ymax, zmax) "
+                         f"with max > min, got {list(r)}")
+    if hasattr(boxes, "detach"):  # a torch tensor
+        boxes = boxes.detach().cpu().numpy()
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+    corners = boxes_to_corners(b)  # (N, 8, 3)
+    inside = ((corners >= r[:3]) & (corners <= r[3:])).all(axis=2)  # (N, 8)
+    return inside.sum(axis=1) >= int(min_corners)
+
+
 def limit_period(angle, offset: float = 0.5, period: float = 2 * np.pi):
     """Wrap ``angle`` into ``[-offset * period, (1 - offset) * period)``; numpy or torch."""
     return angle - np.floor(angle / period + offset) * period if isinstance(angle, np.ndarray) \

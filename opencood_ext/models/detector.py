@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..comm.channel import ChannelConfig
+from ..geometry.boxes import boxes_inside_range
 from ..comm.messages import Delivery, transmit
 from ..postprocess import Detections, decode_detections
 from ..registry import Registry
@@ -172,9 +173,9 @@ class CooperativeDetector(nn.Module):
         return decode_detections(head, self.anchors, coder=self.coder, gt_range=r, **self.post)
 
     def in_range(self, boxes: Tensor) -> Tensor:
-        """(P,) bool: boxes (P, 7) kept in the ego's detection area (the evaluation's range rule)."""
-        r = self.lidar_range
-        return (boxes[:, 0] >= r[0]) & (boxes[:, 0] <= r[3]) & (boxes[:, 1] >= r[1]) & (boxes[:, 1] <= r[4])
+        """(P,) bool: boxes (P, 7) kept in the ego's detection area: the field's rule, all 8 corners
+        inside, z included (:func:`~opencood_ext.geometry.boxes.boxes_inside_range`)."""
+        return torch.from_numpy(boxes_inside_range(boxes, self.lidar_range)).to(boxes.device)
 
     # ------------------------------------------------------------------ one path
     def deliver(self, messages, channel: Optional[ChannelConfig] = None, keys=None, wire: Optional[bool] = None,

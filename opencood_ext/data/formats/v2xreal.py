@@ -1,11 +1,28 @@
 """V2X-Real reader (FORMATS.md section 3).
 
 Layout: ``<root>/<split>/<scenario>/<agent_id>/<timestamp>.{bin,yaml}`` (and
-``_camera{i}.png``); negative agent ids are infrastructure. The ``.bin`` LiDAR
-is raw float32 ``(-1, 4)`` x, y, z, intensity; rows with NaN are dropped. The
-yaml is OPV2V-like (``lidar_pose``, ``vehicles`` with ``obj_type``), so the
-OPV2V reader does the rest; ``ObjectLabel.obj_type`` keeps the fine class and
+``_camera{i}.png``); negative agent ids are infrastructure. The yaml is
+OPV2V-like (``lidar_pose``, ``vehicles`` with ``obj_type``), so the OPV2V reader
+does the rest; ``ObjectLabel.obj_type`` keeps the fine class and
 :func:`superclass` groups it.
+
+LiDAR ``.bin``: raw little-endian float32 records ``(x, y, z, intensity)``, read
+as the official V2X-Real loader reads them (ucla-mobility/V2X-Real,
+``opencood/utils/pcd_utils.py`` ``load_lidar_bin``, called from
+``opencood/data_utils/datasets/basedataset.py`` with ``zero_intensity=True``):
+
+* rows whose x, y or z is NaN are dropped (we also drop infinite coordinates,
+  which no voxel grid can hold);
+* ``intensity="zero"`` (the default, the official loader): every point's
+  intensity is set to 0; the dataset's intensity is not used;
+* ``intensity="raw"``: the stored value is kept as it is, never rescaled (the
+  GenComm reference code, jeffreychou777/GenComm ``v2xreal_basedataset.py``,
+  calls the same ``load_lidar_bin`` without ``zero_intensity``); rows whose
+  intensity is NaN or infinite are dropped, since the feature would poison the
+  encoder.
+
+No scale is guessed from a file's values: a guess (divide by 255 when the
+maximum exceeds 1, ...) would give two files of one sensor different units.
 
 ``mode`` decides which agents a frame holds and which one is the ego
 (``agents[0]``):
@@ -56,12 +73,16 @@ def superclass(name: str, default=_RAISE) -> Optional[str]:
     return sc
 
 
-def read_bin(path, intensity_scale: Optional[float] = None) -> np.ndarray:
-    """Raw float32 ``(-1, 4)`` -> (N, 4) float32 with intensity in 0..1 (NaN rows dropped).
+INTENSITY_MODES = ("zero", "raw")
 
-    ``intensity_scale``: raw value meaning 1.0; None detects it (1 if every
-    value is <= 1, else 255, 65535 or the maximum).
+
+def read_bin(path, intensity: str = "zero") -> np.ndarray:
+    """A V2X-Real ``.bin`` -> (N, 4) float32 x, y, z, intensity (see the module docstring).
+
+    intensity: ``"zero"`` (the official loader: all intensities 0) or ``"raw"`` (kept unscaled).
     """
+    if intensity not in INTENSITY_MODES:
+        raise ValueError(f"V2X-Real intensity must be one of {INTENSITY_MODES}, got {intensity!r}")
     path = Path(path)
     try:
         raw = np.fromfile(path, dtype="<f4")
@@ -71,14 +92,14 @@ def read_bin(path, intensity_scale: Optional[float] = None) -> np.ndarray:
         raise DataFormatError(path, f"size {raw.size * 4} bytes is not a whole number of 16-byte "
                               "(x, y, z, intensity) float32 records")
     pts = raw.reshape(-1, 4).astype(np.float32)
-    bad = np.isnan(pts).any(axis=1) | ~np.isfinite(pts[:, :3]).all(axis=1)
+    bad = ~np.isfinite(pts[:, :3]).all(axis=1)
+    if intensity == "raw":
+        bad |= ~np.isfinite(pts[:, 3])
     if bad.any():
         log.info("%s: dropped %d of %d points with NaN/inf values", path, int(bad.sum()), len(pts))
         pts = pts[~bad]
-    if intensity_scale is None:
-        top = float(pts[:, 3].max()) if len(pts) else 0.0
-        intensity_scale = next((s for s in (1.0, 255.0, 65535.0) if top <= s), top)
-    pts[:, 3] /= np.float32(intensity_scale)
+    if intensity == "zero":
+        pts[:, 3] = 0.0
     return pts
 
 
@@ -87,19 +108,22 @@ class V2XRealReader(OPV2VReader):
 
     ``load_cameras`` defaults to False because V2X-Real's camera yaml keys are
     unverified; when True, ``camera{i}`` entries must follow OPV2V's layout.
+    ``intensity``: ``"zero"`` (the official loader) or ``"raw"``, see the module docstring.
     """
 
     left_handed = False  # real-world LiDAR frames; plots do not flip y
 
     def __init__(self, root, split: str, mode: str = "vc", skip_bad: bool = False,
-                 load_cameras: bool = False, intensity_scale: Optional[float] = None):
+                 load_cameras: bool = False, intensity: str = "zero"):
         if mode not in MODES:
             raise ValueError(f"V2X-Real mode must be one of {MODES}, got {mode!r}")
+        if intensity not in INTENSITY_MODES:
+            raise ValueError(f"V2X-Real intensity must be one of {INTENSITY_MODES}, got {intensity!r}")
         super().__init__(root, split, modality=None, load_cameras=load_cameras, load_depth=False,
                          load_beams=False, skip_bad=skip_bad)
         self.hetero_root = None
         self.mode = mode
-        self.intensity_scale = intensity_scale
+        self.intensity = intensity
         keys = []
         for scen, ts, ids in self._keys:
             veh = [a for a in ids if a >= 0]
@@ -113,4 +137,4 @@ class V2XRealReader(OPV2VReader):
         self._keys = keys
 
     def _load_lidar(self, agent_dir: Path, ts: str) -> np.ndarray:
-        return read_bin(agent_dir / f"{ts}.bin", self.intensity_scale)
+        return read_bin(agent_dir / f"{ts}.bin", self.intensity)
