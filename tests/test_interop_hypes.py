@@ -194,3 +194,20 @@ def test_train_cli_takes_a_hypes_yaml(tmp_path, capsys):
     saved = load_config(run / "config.yaml", ExperimentConfig)  # our schema, as every run folder
     assert saved.model["fusion_op"] == "max" and saved.data.root == str(data)
     assert (run / "checkpoints" / "latest.pth").exists()
+
+
+def test_dairv2x_splits_are_json_lists_under_data_dir(tmp_path):
+    text = (ASSETS / "gencomm_stage1_m1_pointpillars.yaml").read_text()
+    dair = "dataset/my_dair_v2x/v2x_c/cooperative-vehicle-infrastructure"
+    for old, new in (('root_dir: "dataset/OPV2V/train"', f"data_dir: {dair}\nroot_dir: {dair}/train.json"),
+                     ('validate_dir: "dataset/OPV2V/validate"', f"validate_dir: {dair}/val.json"),
+                     ('test_dir: "dataset/OPV2V/test"', f"test_dir: {dair}/val.json"),
+                     ("dataset: opv2v", "dataset: dairv2x"),
+                     ('assignment_path: "opencood/modality_assign/opv2v_4modality.json"', "assignment_path: null"),
+                     ("mapping_dict: {m1: m1, m2: m1, m3: m1, m4: m1}", "mapping_dict: {m1: m1, m2: m1}")):
+        assert old in text, old
+        text = text.replace(old, new)
+    (tmp_path / "dair.yaml").write_text(text)
+    d = convert_hypes_file(tmp_path / "dair.yaml").experiment().data
+    assert (d.format, d.root, d.train_split, d.test_split, d.modality) == (
+        "dairv2x", dair, f"{dair}/train.json", f"{dair}/val.json", "all:m1")

@@ -23,7 +23,8 @@ from opencood_ext.models.backbone import ShrinkConv
 from opencood_ext.models.detector import CooperativeDetector
 from opencood_ext.training.checkpoint import load_model_state
 from synthetic import SyntheticReader
-from tiny_runs import tiny_dataset
+import tiny_runs
+from tiny_runs import TINY, tiny_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = Path(__file__).parent / "assets" / "interop"
@@ -33,11 +34,9 @@ import import_weights  # noqa: E402
 import inference  # noqa: E402
 
 torch.set_num_threads(1)
-RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)
-BACKBONE = {"layer_nums": [2, 1], "layer_strides": [2, 2], "num_filters": [8, 16],
-            "upsample_strides": [1, 2], "num_upsample_filters": [8, 8]}
-PP = {"encoder": {"type": "pointpillars", "voxel_size": [0.8, 0.8, 4.0], "num_filters": [8]},
-      "backbone": BACKBONE, "shrink_channels": 8}
+RANGE = tuple(TINY["data"]["lidar_range"])
+BACKBONE = {**tiny_runs.BACKBONE, "layer_nums": [2, 1]}  # level 0 also has a block without a shortcut conv
+PP = {**tiny_runs.PP, "backbone": BACKBONE}
 # the reference SECOND (VoxelBackBone8x) layout: widths 16, 32, 64, 64 with 1, 2, 2, 2 SubM blocks
 SECOND = {"encoder": {"type": "second", "voxel_size": [0.4, 0.4, 0.125], "channels": [16, 32, 64, 64],
                       "blocks": [1, 2, 2, 2], "out_z_channels": 8},
@@ -234,7 +233,7 @@ def _model_args(conv):
 def test_reference_run_folder_imports_and_evaluates(tmp_path, shrink_layout, capsys):
     data = tiny_dataset(tmp_path / "data")
     run, original = _reference_run(tmp_path, data)
-    cfg, model = load_any_run(run, out=None)
+    cfg, model = load_any_run(run, echo=False)
     for k, v in original.state_dict().items():
         assert torch.equal(v, model.state_dict()[k]), k
     out = tmp_path / "imported"

@@ -37,19 +37,28 @@ class PythonObject:
 
 
 class _HypesLoader(yaml.SafeLoader):
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                self.duplicates.append(f"{key} (line {key_node.start_mark.line + 1})")
-            seen.add(key)
-        return super().construct_mapping(node, deep)
+    """SafeLoader + the reference's float rule + inert python tags (class-level tables copied on change)."""
 
 
 _HypesLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789."))
 _HypesLoader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: PythonObject(suffix))
+
+
+def _repeated_keys(node: yaml.Node, out: List[str]) -> List[str]:
+    """``key (line n)`` of every mapping key given a second time, anywhere under ``node``."""
+    if isinstance(node, yaml.MappingNode):
+        seen = set()
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                if key.value in seen:
+                    out.append(f"{key.value} (line {key.start_mark.line + 1})")
+                seen.add(key.value)
+            _repeated_keys(value, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for value in node.value:
+            _repeated_keys(value, out)
+    return out
 
 
 def read_yaml(path: Path) -> Tuple[dict, List[str]]:
@@ -59,18 +68,18 @@ def read_yaml(path: Path) -> Tuple[dict, List[str]]:
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     loader = _HypesLoader(text)
-    loader.duplicates = []
     try:
-        data = loader.get_single_data()
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from None
     finally:
         loader.dispose()
     if data is None:
-        data = {}
+        return {}, []
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    return data, loader.duplicates
+    return data, _repeated_keys(node, [])
 
 
 def is_hypes(data: dict) -> bool:

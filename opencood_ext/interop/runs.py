@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
-from typing import Optional, Sequence, TextIO, Tuple
+from typing import Optional, Sequence, Tuple
 
 from ..config import dump_config
 from ..experiment import ExperimentConfig, build_model, load_experiment
@@ -25,21 +24,20 @@ from .weights import WeightImportError, WeightMapping, import_reference_state, r
 _EPOCH = re.compile(r"net_epoch(_bestval_at)?(\d+)\.pth\Z")
 
 
-def convert_if_hypes(path, out: Optional[TextIO] = sys.stdout,
-                     remap_to: Optional[Path] = None) -> Optional[Conversion]:
-    """The conversion of ``path`` when it is a hypes yaml (printed to ``out``), else None."""
+def convert_if_hypes(path, echo: bool = True, remap_to: Optional[Path] = None) -> Optional[Conversion]:
+    """The conversion of ``path`` when it is a hypes yaml (printed when ``echo``), else None."""
     data, dups = read_yaml(Path(path))
     if not is_hypes(data):
         return None
     conv = convert_hypes(data, Path(path), remap_to=remap_to, duplicates=dups)
-    if out is not None:
-        print(f"{path} is an OpenCOOD/HEAL hypes yaml; converted config:\n{conv.yaml()}{conv.report()}", file=out)
+    if echo:
+        print(f"{path} is an OpenCOOD/HEAL hypes yaml; converted config:\n{conv.yaml()}{conv.report()}")
     return conv
 
 
-def load_experiment_any(path, overrides: Sequence[str] = (), out: Optional[TextIO] = sys.stdout) -> ExperimentConfig:
-    """Our experiment yaml, or a hypes yaml converted on the fly (printed to ``out``)."""
-    conv = convert_if_hypes(path, out)
+def load_experiment_any(path, overrides: Sequence[str] = (), echo: bool = True) -> ExperimentConfig:
+    """Our experiment yaml, or a hypes yaml converted on the fly (printed when ``echo``)."""
+    conv = convert_if_hypes(path, echo)
     return load_experiment(path, overrides) if conv is None else conv.experiment(overrides)
 
 
@@ -62,10 +60,10 @@ def import_weights(cfg: ExperimentConfig, checkpoint, partial: bool = False) -> 
 
 
 def load_any_run(run_dir, overrides: Sequence[str] = (),
-                 out: Optional[TextIO] = sys.stdout) -> Tuple[ExperimentConfig, CooperativeDetector]:
+                 echo: bool = True) -> Tuple[ExperimentConfig, CooperativeDetector]:
     """One of our run folders, or a reference one (config converted, weights mapped), in eval mode."""
     cfg_path = Path(run_dir) / "config.yaml"
-    conv = convert_if_hypes(cfg_path, out) if cfg_path.exists() else None
+    conv = convert_if_hypes(cfg_path, echo) if cfg_path.exists() else None
     if conv is None:
         return load_run(run_dir, overrides)
     cfg = conv.experiment(overrides)
@@ -74,8 +72,8 @@ def load_any_run(run_dir, overrides: Sequence[str] = (),
         model, mapping = import_weights(cfg, ckpt)
     except WeightImportError as exc:
         raise WeightImportError(f"{ckpt}: {exc}") from None
-    if out is not None:
-        print(f"weights from {ckpt}:\n{mapping.summary()}", file=out)
+    if echo:
+        print(f"weights from {ckpt}:\n{mapping.summary()}")
     model.eval()
     return cfg, model
 
