@@ -50,7 +50,10 @@ class Conversion:
                              ("not carried over", self.dropped)):
             if items:
                 lines.append(f"# {title}:")
-                lines += [f"#   {path}: {why}" for path, why in items]
+                first: Dict[str, str] = {}
+                for path, why in items:
+                    first.setdefault(path, why)
+                lines += [f"#   {path}: {why}" for path, why in first.items()]
         return "\n".join(lines)
 
     def experiment(self, overrides: Sequence[str] = ()) -> ExperimentConfig:
