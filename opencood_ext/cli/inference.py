@@ -62,11 +62,12 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from opencood_ext.eval.evaluate import evaluate
     from opencood_ext.experiment import build_dataset
-    from opencood_ext.runs import load_run, set_fusion
+    from opencood_ext.interop.runs import load_any_run  # ours, or a reference (OpenCOOD/HEAL) run folder
+    from opencood_ext.runs import set_fusion
     from opencood_ext.comm.channel import ChannelConfig, parse_pose_noise
 
     try:
-        cfg, model = load_run(args.model_dir, args.overrides)
+        cfg, model = load_any_run(args.model_dir, args.overrides)
         if args.fusion_method:
             set_fusion(model, args.fusion_method)
         noise_m, noise_deg = parse_pose_noise(args.pose_noise)

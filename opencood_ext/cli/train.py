@@ -35,6 +35,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from opencood_ext.experiment import build_dataset, build_model, collate, load_experiment
+    from opencood_ext.interop.runs import load_experiment_any  # ours, or an OpenCOOD/HEAL hypes yaml
     from opencood_ext.training import distributed as D
     from opencood_ext.training.trainer import Trainer
 
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
                 logging.info("resuming %s: using its saved config.yaml, not %s", args.model_dir, args.hypes_yaml)
             cfg = load_experiment(resume_cfg, args.overrides)
         elif args.hypes_yaml:
-            cfg = load_experiment(args.hypes_yaml, args.overrides)
+            cfg = load_experiment_any(args.hypes_yaml, args.overrides)
         else:
             print("error: give -y CONFIG, or --model_dir of a run that has config.yaml", file=sys.stderr)
             return 2

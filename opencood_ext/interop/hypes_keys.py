@@ -1,0 +1,317 @@
+"""Every key of a HEAL / GenComm-reference ("hypes") yaml the importer knows, and what it does with it.
+
+A key path is dotted; ``<m>`` stands for a modality name (``m1``, ``m2``, ...);
+lists are leaves. Each known path has one rule:
+
+* :class:`Mapped` carried over exactly to ``target`` in our config;
+* :class:`Approx` carried over to ``target``, but our module or procedure differs
+  (the reason is printed with the converted config);
+* :class:`Fixed` our implementation has exactly this behaviour: any other value
+  is refused;
+* :class:`Dropped` nothing to carry (bookkeeping, derived, or a no-op in the
+  reference's intermediate-fusion pipeline); the reason is printed;
+* :class:`Same` repeats another key or states a derivable width: the converter
+  checks that it agrees and refuses the file otherwise.
+
+A key not in :data:`KEYS` is refused. Facts are from the public HEAL and
+GenComm code (``opencood/hypes_yaml``, ``models/heter_model_baseline*.py``,
+``data_utils``, ``loss``); see docs/interop.md.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple, Union
+
+
+@dataclass(frozen=True)
+class Mapped:
+    target: str
+
+
+@dataclass(frozen=True)
+class Approx:
+    target: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Fixed:
+    allowed: Tuple
+    what: str
+
+
+@dataclass(frozen=True)
+class Dropped:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Same:
+    """A repeat of key ``other`` (``<m>`` / ``<k>`` as in this key), checked by the reader;
+    or, with ``other`` None, a width the converter checks against the built model."""
+
+    what: str
+    other: Optional[str] = None
+
+
+Rule = Union[Mapped, Approx, Fixed, Dropped, Same]
+
+# core_method names of the reference -> our registry names
+ENCODERS: Dict[str, str] = {"point_pillar": "pointpillars", "second": "second", "lift_splat_shoot": "lss"}
+SENSORS: Dict[str, str] = {"point_pillar": "lidar", "second": "lidar", "lift_splat_shoot": "camera"}
+MODELS: Dict[str, str] = {  # reference model -> our intermediate-fusion link
+    "heter_model_baseline": "full_feature",
+    "heter_model_baseline_w_gencomm_stage1": "gencomm",
+    "heter_model_baseline_w_gencomm_stage2": "gencomm",
+}
+FUSION_OPS: Dict[str, str] = {"att": "att", "max": "max"}
+DATASETS: Dict[str, str] = {"opv2v": "opv2v", "v2xset": "opv2v", "dairv2x": "dairv2x"}
+OPTIMIZERS: Dict[str, str] = {"Adam": "adam", "AdamW": "adamw", "SGD": "sgd"}
+SCHEDULERS = ("multistep", "step")
+
+_DERIVED = "derived by OpenCOOD's yaml parser from the range and voxel size; recomputed here"
+_PLACEHOLDER = "a placeholder in the reference (set per modality)"
+_ANCHOR_NOTE = "equal to the detection range"
+
+KEYS: Dict[str, Rule] = {
+    # ---------------------------------------------------------------- bookkeeping
+    "name": Mapped("name"),
+    "yaml_parser": Fixed(("load_general_params",), "the reference's yaml post-processor"),
+    "verify_mode": Fixed((False,), "GenComm's debug subset switch"),
+    "root_dir": Mapped("data.root, data.train_split"),
+    "validate_dir": Mapped("data.val_split"),
+    "test_dir": Mapped("data.test_split"),
+    "data_dir": Mapped("data.root (DAIR-V2X)"),
+    "train_params.batch_size": Mapped("train.batch_size"),
+    "train_params.epoches": Mapped("train.epochs"),
+    "train_params.eval_freq": Mapped("train.val_every"),
+    "train_params.save_freq": Dropped("we write a checkpoint every epoch"),
+    "train_params.max_cav": Mapped("data.max_agents"),
+    "comm_range": Mapped("data.comm_range"),
+    "input_source": Dropped("derived from the modality settings"),
+    "label_type": Fixed(("lidar",), "ground truth from the LiDAR labels"),
+    "cav_lidar_range": Mapped("data.lidar_range"),
+    "add_data_extension": Dropped("extra per-frame files (camera visibility masks) the models here do not read"),
+    "data_augment": Dropped("HEAL's intermediate-fusion dataset does not apply it (only late and early "
+                            "fusion do); augmentation is switched off to match"),
+    "noise_setting.add_noise": Fixed((False,), "pose noise at training time (evaluate with --pose-noise-m)"),
+    "ego_diff_cav": Approx("data.modality", "the ego draws its own type, collaborators the assignment; "
+                           "our types come from data.modality for every agent"),
+    # ---------------------------------------------------------------- heterogeneous setting
+    "heter.assignment_path": Mapped("data.modality"),
+    "heter.ego_modality": Approx("stage.new_types", "HEAL picks the first agent whose mapped type is an ego "
+                                 "type as the ego; ours is the first agent by id"),
+    "heter.mapping_dict.<m>": Mapped("data.modality"),
+    "heter.lidar_channels_dict.<m>": Mapped("data.agent_types.<m>.lidar_beams"),
+    "heter.modality_setting.<m>.sensor_type": Mapped("data.agent_types.<m>.sensor"),
+    "heter.modality_setting.<m>.core_method": Mapped("model.agent_types.<m>.encoder.type"),
+    "heter.modality_setting.<m>.preprocess.core_method": Fixed(("SpVoxelPreprocessor",), "voxeliser"),
+    "heter.modality_setting.<m>.preprocess.args.voxel_size": Mapped("model.agent_types.<m>.encoder.voxel_size"),
+    "heter.modality_setting.<m>.preprocess.args.max_points_per_voxel":
+        Mapped("data.agent_types.<m>.max_points_per_voxel"),
+    "heter.modality_setting.<m>.preprocess.args.max_voxel_train":
+        Dropped("our voxeliser has one cap for training and testing, set to max_voxel_test"),
+    "heter.modality_setting.<m>.preprocess.args.max_voxel_test": Mapped("data.agent_types.<m>.max_voxels"),
+    "heter.modality_setting.<m>.preprocess.cav_lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
+    "heter.modality_setting.<m>.grid_conf.xbound": Approx(
+        "model.agent_types.<m>.encoder.voxel_size", "the cell size is carried over; our LSS splats into the "
+        "whole detection range (the reference crops / pads a +-xbound camera grid to it)"),
+    "heter.modality_setting.<m>.grid_conf.ybound": Mapped("model.agent_types.<m>.encoder.voxel_size"),
+    "heter.modality_setting.<m>.grid_conf.zbound": Approx(
+        "model.agent_types.<m>.encoder.voxel_size", "our LSS sums the heights inside the detection range's z"),
+    "heter.modality_setting.<m>.grid_conf.ddiscr": Mapped("model.agent_types.<m>.encoder.depth_bins"),
+    "heter.modality_setting.<m>.grid_conf.mode": Approx(
+        "model.agent_types.<m>.encoder.depth_bins", "'LID' (linear-increasing) bins become uniform bins over "
+        "the same range and count"),
+    "heter.modality_setting.<m>.data_aug_conf.final_dim": Mapped("data.agent_types.<m>.image_size"),
+    "heter.modality_setting.<m>.data_aug_conf.H": Fixed((600,), "OPV2V camera image height"),
+    "heter.modality_setting.<m>.data_aug_conf.W": Fixed((800,), "OPV2V camera image width"),
+    "heter.modality_setting.<m>.data_aug_conf.Ncams": Fixed((4,), "cameras per agent"),
+    "heter.modality_setting.<m>.data_aug_conf.cams": Fixed(
+        (["camera0", "camera1", "camera2", "camera3"],), "camera names"),
+    "heter.modality_setting.<m>.data_aug_conf.resize_lim": Dropped(
+        "image resize/crop/rotate augmentation: we resize the whole image to final_dim"),
+    "heter.modality_setting.<m>.data_aug_conf.rot_lim": Dropped("image augmentation, not reproduced"),
+    "heter.modality_setting.<m>.data_aug_conf.bot_pct_lim": Dropped("image crop, not reproduced"),
+    "heter.modality_setting.<m>.data_aug_conf.rand_flip": Fixed((False,), "image flip"),
+    # ---------------------------------------------------------------- fusion / pre- / post-processing
+    "fusion.core_method": Fixed(("intermediateheter",), "heterogeneous intermediate-fusion dataset"),
+    "fusion.dataset": Mapped("data.format"),
+    "fusion.args.proj_first": Fixed((False,), "each agent encodes in its own frame"),
+    "fusion.args.grid_conf": Dropped(_PLACEHOLDER),
+    "fusion.args.data_aug_conf": Dropped(_PLACEHOLDER),
+    "preprocess.core_method": Fixed(("SpVoxelPreprocessor",), "voxeliser"),
+    "preprocess.args.voxel_size": Mapped("(checked: voxel size x anchor feature_stride = our feature cell)"),
+    "preprocess.args.max_points_per_voxel": Dropped(_PLACEHOLDER),
+    "preprocess.args.max_voxel_train": Dropped(_PLACEHOLDER),
+    "preprocess.args.max_voxel_test": Dropped(_PLACEHOLDER),
+    "preprocess.cav_lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
+    "postprocess.core_method": Fixed(("VoxelPostprocessor",), "anchor post-processor"),
+    "postprocess.gt_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
+    "postprocess.anchor_args.cav_lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
+    "postprocess.anchor_args.l": Mapped("model.anchors.sizes"),
+    "postprocess.anchor_args.w": Mapped("model.anchors.sizes"),
+    "postprocess.anchor_args.h": Mapped("model.anchors.sizes"),
+    "postprocess.anchor_args.r": Mapped("model.anchors.rotations"),
+    "postprocess.anchor_args.feature_stride": Mapped("(checked against our feature cell)"),
+    "postprocess.anchor_args.num": Mapped("(checked: one anchor per rotation)"),
+    "postprocess.anchor_args.vw": Dropped(_DERIVED),
+    "postprocess.anchor_args.vh": Dropped(_DERIVED),
+    "postprocess.anchor_args.vd": Dropped(_DERIVED),
+    "postprocess.anchor_args.W": Dropped(_DERIVED),
+    "postprocess.anchor_args.H": Dropped(_DERIVED),
+    "postprocess.anchor_args.D": Dropped(_DERIVED),
+    "postprocess.target_args.pos_threshold": Mapped("model.pos_iou"),
+    "postprocess.target_args.neg_threshold": Mapped("model.neg_iou"),
+    "postprocess.target_args.score_threshold": Mapped("model.score_threshold"),
+    "postprocess.order": Fixed(("hwl",), "box size order of the reference's regression (the weight importer "
+                                         "permutes it to our l, w, h)"),
+    "postprocess.max_num": Dropped("the reference pads (and truncates) ground truth to this many boxes per "
+                                   "frame; we keep every box"),
+    "postprocess.nms_thresh": Mapped("model.nms_iou"),
+    "postprocess.dir_args.dir_offset": Fixed((math.pi / 4,), "direction-bin offset (pi / 4)"),
+    "postprocess.dir_args.num_bins": Fixed((2,), "direction bins"),
+    "postprocess.dir_args.anchor_yaw": Same("equal to anchor_args.r", "postprocess.anchor_args.r"),
+    # ---------------------------------------------------------------- model
+    "model.core_method": Mapped("model.fusion, model.link.type"),
+    "model.args.ego_modality": Same("same as heter.ego_modality", "heter.ego_modality"),
+    "model.args.lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
+    "model.args.<m>.core_method": Same("encoder", "heter.modality_setting.<m>.core_method"),
+    "model.args.<m>.sensor_type": Same("sensor", "heter.modality_setting.<m>.sensor_type"),
+    "model.args.<m>.encoder_args.voxel_size": Same("voxel size",
+                                                      "heter.modality_setting.<m>.preprocess.args.voxel_size"),
+    "model.args.<m>.encoder_args.lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
+    "model.args.<m>.encoder_args.pillar_vfe.use_norm": Fixed((True,), "BatchNorm in the pillar net"),
+    "model.args.<m>.encoder_args.pillar_vfe.with_distance": Fixed((False,), "point distance feature"),
+    "model.args.<m>.encoder_args.pillar_vfe.use_absolute_xyz": Fixed((True,), "absolute xyz point features"),
+    "model.args.<m>.encoder_args.pillar_vfe.num_filters": Mapped("model.agent_types.<m>.encoder.num_filters"),
+    "model.args.<m>.encoder_args.point_pillar_scatter.num_features": Same("equal to the last pillar width"),
+    "model.args.<m>.encoder_args.point_pillar_scatter.grid_size": Dropped(_DERIVED),
+    "model.args.<m>.encoder_args.mean_vfe.num_point_features": Fixed((4,), "x, y, z, intensity"),
+    "model.args.<m>.encoder_args.spconv.num_features_in": Fixed(
+        (4,), "SECOND input features (HEAL issue 20: 64 is a known wrong value)"),
+    "model.args.<m>.encoder_args.spconv.num_features_out": Mapped("model.agent_types.<m>.encoder.out_z_channels"),
+    "model.args.<m>.encoder_args.map2bev.feature_num": Same("equal to our SECOND output width"),
+    "model.args.<m>.encoder_args.anchor_number": Dropped("unused by the camera encoder"),
+    "model.args.<m>.encoder_args.grid_conf.<k>": Same("camera grid", "heter.modality_setting.<m>.grid_conf.<k>"),
+    "model.args.<m>.encoder_args.data_aug_conf.<k>": Same("camera images",
+                                                            "heter.modality_setting.<m>.data_aug_conf.<k>"),
+    "model.args.<m>.encoder_args.img_downsample": Approx(
+        "model.agent_types.<m>.encoder.channels", "our image net has log2(img_downsample) stride-2 blocks"),
+    "model.args.<m>.encoder_args.img_features": Mapped("model.agent_types.<m>.encoder.context_channels"),
+    "model.args.<m>.encoder_args.use_depth_gt": Fixed((False,), "predicted (not ground-truth) depth"),
+    "model.args.<m>.encoder_args.depth_supervision": Mapped("data.agent_types.<m>.use_depth"),
+    "model.args.<m>.encoder_args.camera_encoder": Approx(
+        "model.agent_types.<m>.encoder", "the reference image trunk (EfficientNet-B0 / ResNet-101) is replaced "
+        "by our small conv image net"),
+    "model.args.<m>.camera_mask_args.cav_lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
+    "model.args.<m>.camera_mask_args.grid_conf.<k>": Same("camera grid", "heter.modality_setting.<m>.grid_conf.<k>"),
+    "model.args.<m>.backbone_args.layer_nums": Approx(
+        "model.agent_types.<m>.backbone.layer_nums", "the reference per-type backbone is BaseBEVBackbone (plain "
+        "conv-BN-ReLU stacks, layer_nums + 1 convs a level); ours has layer_nums residual BasicBlocks a level"),
+    "model.args.<m>.backbone_args.layer_strides": Mapped("model.agent_types.<m>.backbone.layer_strides"),
+    "model.args.<m>.backbone_args.num_filters": Mapped("model.agent_types.<m>.backbone.num_filters"),
+    "model.args.<m>.backbone_args.upsample_strides": Mapped(
+        "model.agent_types.<m>.backbone.upsample_strides (divided by the shrink header's stride)"),
+    "model.args.<m>.backbone_args.num_upsample_filter": Mapped("model.agent_types.<m>.backbone.num_upsample_filters"),
+    "model.args.<m>.backbone_args.inplanes": Same("equal to the encoder's output width"),
+    "model.args.<m>.aligner_args.core_method": Fixed(("identity",), "no feature aligner"),
+    "model.args.<m>.shrink_header.dim": Approx(
+        "model.agent_types.<m>.shrink_channels", "the reference DownsampleConv (per layer: conv+bias, ReLU, "
+        "conv+bias, ReLU) becomes our ShrinkConv (3x3 conv, BN, ReLU) of width dim[-1]"),
+    "model.args.<m>.shrink_header.stride": Mapped(
+        "model.agent_types.<m>.backbone.upsample_strides (folded in, so the feature grid is the reference's)"),
+    "model.args.<m>.shrink_header.kernal_size": Fixed(([3],), "shrink kernel"),
+    "model.args.<m>.shrink_header.padding": Fixed(([1],), "shrink padding"),
+    "model.args.<m>.shrink_header.input_dim": Same("equal to the backbone's output width"),
+    "model.args.fusion_method": Mapped("model.fusion_op"),
+    "model.args.att.feat_dim": Same("equal to the feature width"),
+    "model.args.max.feat_dim": Same("equal to the feature width"),
+    "model.args.in_head": Same("equal to the feature width"),
+    "model.args.anchor_number": Same("equal to the number of anchor rotations"),
+    "model.args.dir_args.dir_offset": Same("direction bins", "postprocess.dir_args.dir_offset"),
+    "model.args.dir_args.num_bins": Same("direction bins", "postprocess.dir_args.num_bins"),
+    "model.args.dir_args.anchor_yaw": Same("direction bins", "postprocess.dir_args.anchor_yaw"),
+    "model.args.num_class": Fixed((1,), "single-class detection"),
+    "model.args.missing_message": Fixed((False,), "random message dropping at evaluation"),
+    "model.args.supervise_single": Fixed((False,), "per-agent auxiliary heads"),
+    "model.args.message_extractor.in_ch": Same("equal to the feature width"),
+    "model.args.message_extractor.out_ch": Mapped("model.link.message.message_channels"),
+    "model.args.enhancer": Approx("model.link.enhancer", "the reference enhancer is replaced by our Channel Enhancer"),
+    "model.args.enhancer.in_ch": Same("equal to the feature width"),
+    "model.args.gmatch": Dropped("used only by the reference's train_gmatch.py gradient-matching script"),
+    "model.args.gencomm.model.ch": Approx(
+        "model.link.generator.base_channels", "the reference DDPM UNet (ch_mult, res blocks, attention) is "
+        "replaced by our two-level ConditionalUNet of base width ch"),
+    "model.args.gencomm.model.embed_dim": Dropped("internal width of the reference UNet"),
+    "model.args.gencomm.model.in_channels": Same("equal to the feature width"),
+    "model.args.gencomm.model.out_ch": Same("equal to the feature width"),
+    "model.args.gencomm.model.ch_mult": Dropped("internal layout of the reference UNet"),
+    "model.args.gencomm.model.num_res_blocks": Dropped("internal layout of the reference UNet"),
+    "model.args.gencomm.model.attn_resolutions": Dropped("internal layout of the reference UNet"),
+    "model.args.gencomm.model.dropout": Fixed((0.0,), "UNet dropout"),
+    "model.args.gencomm.model.resamp_with_conv": Dropped("internal layout of the reference UNet"),
+    "model.args.gencomm.diffusion.beta_schedule": Approx(
+        "model.link.generator", "'linear' (in beta) becomes our schedule, linear in sqrt(beta), between the "
+        "same ends"),
+    "model.args.gencomm.diffusion.beta_start": Mapped("model.link.generator.beta_start"),
+    "model.args.gencomm.diffusion.beta_end": Mapped("model.link.generator.beta_end"),
+    "model.args.gencomm.diffusion.num_diffusion_timesteps": Mapped("model.link.generator.num_steps"),
+    # ---------------------------------------------------------------- loss, optimiser, schedule
+    "loss.core_method": Fixed(("point_pillar_loss", "point_pillar_depth_loss", "point_pillar_gencomm_loss"),
+                              "detection loss"),
+    "loss.args.pos_cls_weight": Dropped("our focal loss weighs positive anchors 1 (the reference: "
+                                        "pos_cls_weight)"),
+    "loss.args.cls.type": Fixed(("SigmoidFocalLoss",), "classification loss"),
+    "loss.args.cls.alpha": Mapped("model.loss.focal_alpha"),
+    "loss.args.cls.gamma": Mapped("model.loss.focal_gamma"),
+    "loss.args.cls.weight": Mapped("model.loss.cls_weight"),
+    "loss.args.reg.type": Fixed(("WeightedSmoothL1Loss",), "box loss"),
+    "loss.args.reg.sigma": Mapped("model.loss.smooth_l1_beta (= 1 / sigma^2)"),
+    "loss.args.reg.codewise": Fixed((True,), "per-code box loss"),
+    "loss.args.reg.weight": Mapped("model.loss.box_weight"),
+    "loss.args.dir.type": Fixed(("WeightedSoftmaxClassificationLoss",), "direction loss"),
+    "loss.args.dir.weight": Mapped("model.loss.dir_weight"),
+    "loss.args.dir.args.dir_offset": Same("direction bins", "postprocess.dir_args.dir_offset"),
+    "loss.args.dir.args.num_bins": Same("direction bins", "postprocess.dir_args.num_bins"),
+    "loss.args.dir.args.anchor_yaw": Same("direction bins", "postprocess.dir_args.anchor_yaw"),
+    "loss.args.depth.weight": Approx("model.depth_weight", "the reference uses a focal loss over depth bins, "
+                                     "ours cross-entropy"),
+    "loss.args.generate_weight": Mapped("model.link.generation_weight"),
+    "loss.args.gmatch_weight": Dropped("used only by the reference's train_gmatch.py gradient-matching script"),
+    "optimizer.core_method": Mapped("train.optimizer"),
+    "optimizer.lr": Mapped("train.lr"),
+    "optimizer.args.weight_decay": Mapped("train.weight_decay"),
+    "optimizer.args.momentum": Mapped("train.momentum"),
+    "optimizer.args.eps": Dropped("our Adam uses torch's default eps, 1e-8 (TrainConfig has no eps)"),
+    "lr_scheduler.core_method": Mapped("train.lr_scheduler"),
+    "lr_scheduler.gamma": Mapped("train.gamma"),
+    "lr_scheduler.step_size": Mapped("train.milestones"),
+}
+
+_SEGMENT = {"<m>": r"(?P<m>m\d+)", "<k>": r"(?P<k>[^.]+)"}
+
+
+def _compile(pattern: str) -> "re.Pattern[str]":
+    return re.compile(r"\.".join(_SEGMENT.get(s, re.escape(s)) for s in pattern.split(".")) + r"\Z")
+
+
+_COMPILED = [(_compile(p), r) for p, r in KEYS.items()]
+
+
+def rule_for(path: str) -> Optional[Tuple[Rule, Dict[str, str]]]:
+    """(rule, the ``<m>`` / ``<k>`` segments) for a dotted key path; None when the key is not known."""
+    for rx, rule in _COMPILED:
+        found = rx.match(path)
+        if found:
+            return rule, found.groupdict()
+    return None
+
+
+def other_key(rule: Same, segments: Dict[str, str]) -> Optional[str]:
+    """The key a :class:`Same` rule repeats, with this key's ``<m>`` / ``<k>`` filled in."""
+    if rule.other is None:
+        return None
+    return ".".join(segments.get(s[1:-1], s) if s in _SEGMENT else s for s in rule.other.split("."))

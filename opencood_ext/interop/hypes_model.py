@@ -1,0 +1,180 @@
+"""The ``model:`` section of a converted hypes yaml, and the checks against the built model.
+
+Reference model ``heter_model_baseline*`` (per type: encoder -> BEV backbone ->
+shrink header; fusion; shared 1x1 heads) maps onto our
+:class:`~opencood_ext.models.detector.CooperativeDetector` with one
+:class:`~opencood_ext.models.encoder_stack.EncoderStack` per type.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import List
+
+from .hypes_keys import ENCODERS, FUSION_OPS, MODELS, SENSORS
+from .hypes_reader import HypesReader, same_value
+
+# widths of our LSS image net's stride-2 blocks; the reference's img_downsample picks how many
+LSS_IMAGE_WIDTHS = (32, 64, 128, 128)
+# the reference SECOND (VoxelBackBone8x): stage widths and SubM blocks after each stage's first conv
+SECOND_CHANNELS, SECOND_BLOCKS = [16, 32, 64, 64], [1, 2, 2, 2]
+_MODALITY = re.compile(r"m\d+\Z")
+
+
+def modality_names(r: HypesReader) -> List[str]:
+    """The agent types: modality keys of ``model.args`` (which must match heter.modality_setting)."""
+    model = [k for k in r.children("model.args") if _MODALITY.match(k)]
+    heter = [k for k in r.children("heter.modality_setting") if _MODALITY.match(k)]
+    if not model:
+        r.refuse("model.args", "names no modality (m1, m2, ...)")
+    elif sorted(model) != sorted(heter):
+        r.refuse("heter.modality_setting", f"sets up {heter} but model.args builds {model}")
+    return model
+
+
+def _pillars(r: HypesReader, m: str, voxel) -> dict:
+    args = f"model.args.{m}.encoder_args"
+    widths = list(r.get(f"{args}.pillar_vfe.num_filters", [64]))
+    # the reference's non-last PFN layers output width // 2 and concatenate the pillar max; ours take the width
+    if any(int(w) % 2 for w in widths[:-1]):
+        r.refuse(f"{args}.pillar_vfe.num_filters", f"non-last widths must be even, got {widths}")
+    if r.has(f"{args}.point_pillar_scatter.num_features") and \
+            not same_value(r.get(f"{args}.point_pillar_scatter.num_features"), widths[-1]):
+        r.refuse(f"{args}.point_pillar_scatter.num_features", f"must equal the last pillar width {widths[-1]}")
+    return {"type": "pointpillars", "voxel_size": voxel, "num_filters": [int(w) // 2 for w in widths[:-1]]
+            + [int(widths[-1])]}
+
+
+def _second(r: HypesReader, m: str, voxel) -> dict:
+    out = r.get(f"model.args.{m}.encoder_args.spconv.num_features_out", 128)
+    return {"type": "second", "voxel_size": voxel, "channels": SECOND_CHANNELS, "blocks": SECOND_BLOCKS,
+            "out_z_channels": out}
+
+
+def _lss(r: HypesReader, m: str) -> dict:
+    grid = f"heter.modality_setting.{m}.grid_conf"
+    xb, yb = r.get(f"{grid}.xbound"), r.get(f"{grid}.ybound")
+    d0, d1, n = r.get(f"{grid}.ddiscr")
+    rng = r.get("cav_lidar_range")
+    down = int(r.get(f"model.args.{m}.encoder_args.img_downsample", 16))
+    blocks = int(round(math.log2(down))) if down > 0 else 0
+    if not 1 <= blocks <= len(LSS_IMAGE_WIDTHS) or 2 ** blocks != down:
+        r.refuse(f"model.args.{m}.encoder_args.img_downsample",
+                 f"must be a power of two from 2 to {2 ** len(LSS_IMAGE_WIDTHS)}, got {down}")
+        blocks = 1
+    return {"type": "lss", "voxel_size": [xb[2], yb[2], rng[5] - rng[2]],
+            "channels": list(LSS_IMAGE_WIDTHS[:blocks]), "depth_bins": [d0, d1, (d1 - d0) / n],
+            "context_channels": r.get(f"model.args.{m}.encoder_args.img_features", 64)}
+
+
+def _stack(r: HypesReader, m: str) -> dict:
+    setting, args = f"heter.modality_setting.{m}", f"model.args.{m}"
+    core = r.get(f"{setting}.core_method")
+    if core not in ENCODERS:
+        r.refuse(f"{setting}.core_method", f"encoder {core!r} not supported; one of {sorted(ENCODERS)}")
+        return {}
+    if r.get(f"{setting}.sensor_type") != SENSORS[core]:
+        r.refuse(f"{setting}.sensor_type", f"{core} is a {SENSORS[core]} encoder")
+    if ENCODERS[core] == "lss":
+        encoder = _lss(r, m)
+    else:
+        voxel = r.get(f"{setting}.preprocess.args.voxel_size")
+        encoder = _pillars(r, m, voxel) if ENCODERS[core] == "pointpillars" else _second(r, m, voxel)
+    bb = f"{args}.backbone_args"
+    strides = r.get(f"{args}.shrink_header.stride", [1])
+    fold = math.prod(int(s) for s in strides)
+    ups = r.get(f"{bb}.upsample_strides")
+    backbone = {"layer_nums": r.get(f"{bb}.layer_nums"), "layer_strides": r.get(f"{bb}.layer_strides"),
+                "num_filters": r.get(f"{bb}.num_filters"),
+                "upsample_strides": [u / fold if fold > 1 else u for u in ups] if isinstance(ups, list) else ups,
+                "num_upsample_filters": r.get(f"{bb}.num_upsample_filter")}
+    dims = r.get(f"{args}.shrink_header.dim", None)
+    if dims is None:
+        r.approximations.append((f"{args}.shrink_header", "absent in the reference; ours always ends on a "
+                                 "ShrinkConv, here of the backbone's width"))
+        out = sum(backbone["num_upsample_filters"] or [])
+    else:
+        out = dims[-1]
+    return {"encoder": encoder, "backbone": backbone, "shrink_channels": out}
+
+
+def _link(r: HypesReader, kind: str) -> dict:
+    if kind == "full_feature":
+        return {"type": "full_feature", "wire_dtype": "float32"}
+    diff = "model.args.gencomm.diffusion"
+    generator = {"num_steps": r.get(f"{diff}.num_diffusion_timesteps", 3),
+                 "beta_start": r.get(f"{diff}.beta_start"), "beta_end": r.get(f"{diff}.beta_end")}
+    if r.has("model.args.gencomm.model.ch"):
+        generator["base_channels"] = r.get("model.args.gencomm.model.ch")
+    r.approximations += [
+        ("model.args.message_extractor", "reference MessageExtractorv2 (DCN with bias, no BN/ReLU after it, SE "
+         "gate of 1x1 convs, 1x1 conv+bias, ReLU, 1x1 conv) becomes our DME (DCN, BN, ReLU, SE, 1x1 conv, BN, "
+         "ReLU, 1x1 conv) with the same widths"),
+        ("model.args.enhancer", "the reference enhancer becomes our Channel Enhancer"),
+        ("model.core_method", "the reference generates in the sender's frame, then warps; ours warps the "
+         "message first (the paper's order; --set model.link.warp_before_generation=false for the reference's)"),
+    ]
+    return {"type": "gencomm", "message": {"message_channels": r.get("model.args.message_extractor.out_ch", 2)},
+            "generator": generator, "generation_weight": float(r.get("loss.args.generate_weight", 0.0)),
+            "wire_dtype": "float32"}
+
+
+def model_section(r: HypesReader, types: List[str]) -> dict:
+    """``model:`` of our config (CooperativeDetector arguments)."""
+    core = r.get("model.core_method")
+    if core not in MODELS:
+        r.refuse("model.core_method", f"model {core!r} not supported; one of {sorted(MODELS)}")
+    op = r.get("model.args.fusion_method", "att")
+    if op not in FUSION_OPS:
+        r.refuse("model.args.fusion_method", f"fusion {op!r} not supported; one of {sorted(FUSION_OPS)}")
+    rot = r.get("postprocess.anchor_args.r", [0, 90])
+    for key in ("postprocess.anchor_args.num", "model.args.anchor_number"):
+        if r.has(key) and r.get(key) != len(rot):
+            r.refuse(key, f"is {r.get(key)} but anchor_args.r has {len(rot)} rotations (one anchor each)")
+    model = {
+        "fusion": "intermediate", "fusion_op": FUSION_OPS.get(op, "att"),
+        "agent_types": {m: _stack(r, m) for m in types},
+        "link": _link(r, MODELS.get(core, "full_feature")),
+        "anchors": {"sizes": [[r.get(f"postprocess.anchor_args.{k}") for k in "lwh"]],
+                    "rotations": [math.radians(float(a)) for a in rot], "z_center": -1.0},
+        "pos_iou": r.get("postprocess.target_args.pos_threshold", 0.6),
+        "neg_iou": r.get("postprocess.target_args.neg_threshold", 0.45),
+        "score_threshold": r.get("postprocess.target_args.score_threshold", 0.2),
+        "nms_iou": r.get("postprocess.nms_thresh", 0.15),
+    }
+    loss = {}
+    for key, ours in (("cls.weight", "cls_weight"), ("reg.weight", "box_weight"), ("dir.weight", "dir_weight"),
+                      ("cls.alpha", "focal_alpha"), ("cls.gamma", "focal_gamma")):
+        if r.has(f"loss.args.{key}"):
+            loss[ours] = r.get(f"loss.args.{key}")
+    if r.has("loss.args.reg.sigma"):
+        loss["smooth_l1_beta"] = 1.0 / float(r.get("loss.args.reg.sigma")) ** 2
+    model["loss"] = loss
+    if r.has("loss.args.depth.weight"):
+        model["depth_weight"] = r.get("loss.args.depth.weight")
+    return model
+
+
+def check_model(r: HypesReader, model) -> None:
+    """Widths and the feature grid the file states, against the model built from the conversion."""
+    c = model.channels
+    for key in ("model.args.att.feat_dim", "model.args.max.feat_dim", "model.args.in_head",
+                "model.args.message_extractor.in_ch", "model.args.enhancer.in_ch",
+                "model.args.gencomm.model.in_channels", "model.args.gencomm.model.out_ch"):
+        if r.has(key) and not same_value(r.get(key), c):
+            r.refuse(key, f"is {r.get(key)} but the fused feature is {c} wide (shrink_header.dim[-1])")
+    for m, stack in model.encoders.items():
+        args = f"model.args.{m}"
+        for key, have in ((f"{args}.backbone_args.inplanes", stack.encoder.out_channels),
+                          (f"{args}.encoder_args.map2bev.feature_num", stack.encoder.out_channels),
+                          (f"{args}.shrink_header.input_dim", stack.backbone.out_channels)):
+            if r.has(key) and not same_value(r.get(key), have):
+                r.refuse(key, f"is {r.get(key)} but the converted {m} stack gives {have}")
+    voxel = r.get("preprocess.args.voxel_size", None)
+    stride = r.get("postprocess.anchor_args.feature_stride", None)
+    if voxel is not None and stride is not None:
+        want = (float(voxel[0]) * stride, float(voxel[1]) * stride)
+        if not same_value(list(model.grid.cell), list(want)):
+            r.refuse("postprocess.anchor_args.feature_stride",
+                     f"anchors on {want} m cells (voxel x feature_stride) but the converted model's feature "
+                     f"cell is {model.grid.cell} m")

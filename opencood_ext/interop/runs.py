@@ -1,0 +1,93 @@
+"""What the tools call: load either kind of config, open either kind of run folder, write an imported run.
+
+A reference run folder (OpenCOOD / HEAL / GenComm training output) holds the
+hypes ``config.yaml`` it was trained with and ``net_epoch*.pth`` state_dicts;
+:func:`load_any_run` opens it like one of ours, converting the config and
+mapping the weights (strictly: a module whose structure differs is refused).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Optional, Sequence, Tuple
+
+from ..config import dump_config
+from ..experiment import ExperimentConfig, build_model, load_experiment
+from ..models.detector import CooperativeDetector
+from ..runs import load_run
+from ..training.checkpoint import FORMAT_VERSION, CheckpointPaths, save_checkpoint
+from .hypes import Conversion, convert_hypes
+from .hypes_reader import is_hypes, read_yaml
+from .weights import WeightImportError, WeightMapping, import_reference_state, read_reference_checkpoint
+
+_EPOCH = re.compile(r"net_epoch(_bestval_at)?(\d+)\.pth\Z")
+
+
+def convert_if_hypes(path, echo: bool = True, remap_to: Optional[Path] = None) -> Optional[Conversion]:
+    """The conversion of ``path`` when it is a hypes yaml (printed when ``echo``), else None."""
+    data, dups = read_yaml(Path(path))
+    if not is_hypes(data):
+        return None
+    conv = convert_hypes(data, Path(path), remap_to=remap_to, duplicates=dups)
+    if echo:
+        print(f"{path} is an OpenCOOD/HEAL hypes yaml; converted config:\n{conv.yaml()}{conv.report()}")
+    return conv
+
+
+def load_experiment_any(path, overrides: Sequence[str] = (), echo: bool = True) -> ExperimentConfig:
+    """Our experiment yaml, or a hypes yaml converted on the fly (printed when ``echo``)."""
+    conv = convert_if_hypes(path, echo)
+    return load_experiment(path, overrides) if conv is None else conv.experiment(overrides)
+
+
+def find_reference_checkpoint(run_dir) -> Path:
+    """``net_epoch_bestval_at<N>.pth`` of the highest N, else ``net_epoch<N>.pth`` of the highest N."""
+    found = [(m.group(1) is not None, int(m.group(2)), p) for p in Path(run_dir).glob("net_epoch*.pth")
+             if (m := _EPOCH.match(p.name))]
+    if not found:
+        raise FileNotFoundError(f"{run_dir}: no net_epoch*.pth (a reference run folder holds its weights there)")
+    return max(found)[2]
+
+
+def import_weights(cfg: ExperimentConfig, checkpoint, partial: bool = False) -> Tuple[CooperativeDetector,
+                                                                                      WeightMapping]:
+    """Build our model for ``cfg`` and load the reference ``checkpoint`` into it."""
+    model = build_model(cfg)
+    mapping = import_reference_state(read_reference_checkpoint(checkpoint), model, partial=partial)
+    model.load_state_dict(mapping.state, strict=not partial)
+    return model, mapping
+
+
+def load_any_run(run_dir, overrides: Sequence[str] = (),
+                 echo: bool = True) -> Tuple[ExperimentConfig, CooperativeDetector]:
+    """One of our run folders, or a reference one (config converted, weights mapped), in eval mode."""
+    cfg_path = Path(run_dir) / "config.yaml"
+    conv = convert_if_hypes(cfg_path, echo) if cfg_path.exists() else None
+    if conv is None:
+        return load_run(run_dir, overrides)
+    cfg = conv.experiment(overrides)
+    ckpt = find_reference_checkpoint(run_dir)
+    try:
+        model, mapping = import_weights(cfg, ckpt)
+    except WeightImportError as exc:
+        raise WeightImportError(f"{ckpt}: {exc}") from None
+    if echo:
+        print(f"weights from {ckpt}:\n{mapping.summary()}")
+    model.eval()
+    return cfg, model
+
+
+def write_imported_run(cfg: ExperimentConfig, model: CooperativeDetector, mapping: WeightMapping, source,
+                       run_dir) -> Path:
+    """A run folder our tools open: config.yaml, checkpoints/best.pth (atomic), import_report.json."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.yaml")
+    path = CheckpointPaths(run_dir).best
+    save_checkpoint({"format_version": FORMAT_VERSION, "model": model.state_dict(),
+                     "imported_from": str(source)}, [path])
+    report = {"source": str(source), "mapped": mapping.matched, "not_mapped": mapping.unmatched,
+              "unused_reference_keys": mapping.unused}
+    (run_dir / "import_report.json").write_text(json.dumps(report, indent=1))
+    return path
