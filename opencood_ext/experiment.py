@@ -100,6 +100,8 @@ def cooperation_for(fusion: str, train: bool) -> str:
 
 def reader_kwargs(data: DataConfig) -> Dict[str, object]:
     kw: Dict[str, object] = {"skip_bad": data.skip_bad_frames, **data.reader_options}
+    if data.cache_dir is not None:
+        kw["cache_dir"] = data.cache_dir
     if data.format == "opv2v":
         modality = data.modality
         if modality.startswith(("all:", "cycle:")):

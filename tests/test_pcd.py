@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from opencood_ext.data.errors import DataFormatError
-from opencood_ext.data.formats.lzf import LZFError, lzf_compress, lzf_decompress
+from opencood_ext.data.formats import lzf as lzf_module
+from opencood_ext.data.formats.lzf import (HAVE_COMPILED_LZF, LZFError, lzf_compress, lzf_decompress,
+                                           lzf_decompress_c, lzf_decompress_py)
 from opencood_ext.data.formats.pcd import pack_intensity_rgb, read_pcd, write_pcd
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
@@ -232,24 +234,35 @@ def test_write_rejects_bad_shapes(tmp_path):
 
 # --------------------------------------------------------------------------- LZF
 
-def test_lzf_hand_made_stream():
+# both decoders: liblzf (python-lzf, when installed) and the pure-Python fallback
+DECODERS = [pytest.param(lzf_decompress_py, id="python"),
+            pytest.param(lzf_decompress_c, id="liblzf", marks=pytest.mark.skipif(
+                not HAVE_COMPILED_LZF, reason="python-lzf is not installed"))]
+
+
+@pytest.mark.parametrize("decode", DECODERS)
+def test_lzf_hand_made_stream(decode):
     # literal "abc", then a back reference distance 3 length 7 (overlapping: repeats "abc")
     stream = bytes([2]) + b"abc" + bytes([(5 << 5) | 0, 2])
-    assert lzf_decompress(stream, 10) == b"abcabcabca"
+    assert decode(stream, 10) == b"abcabcabca"
     # long match (length code 7 + extra byte)
     stream = bytes([0]) + b"z" + bytes([(7 << 5) | 0, 10, 0])
-    assert lzf_decompress(stream, 1 + 19) == b"z" * 20
+    assert decode(stream, 1 + 19) == b"z" * 20
+    assert decode(b"", 0) == b""
 
 
+@pytest.mark.parametrize("decode", DECODERS)
 @pytest.mark.parametrize("stream, size, words", [
     (bytes([5]) + b"ab", 6, "past the end"),
     (bytes([0]) + b"a" + bytes([0x20]), 4, "cut off"),
     (bytes([0]) + b"a" + bytes([0x20, 5]), 4, "before the start"),
     (bytes([1]) + b"ab", 5, "expected 5"),
+    (bytes([2]) + b"abc" + bytes([(5 << 5) | 0, 2]), 8, "past the expected 8"),
+    (b"", 3, "expected 3"),
 ])
-def test_lzf_corrupt_streams(stream, size, words):
+def test_lzf_corrupt_streams(decode, stream, size, words):
     with pytest.raises(LZFError, match=words):
-        lzf_decompress(stream, size)
+        decode(stream, size)
 
 
 @pytest.mark.parametrize("seed, alphabet, n", [(0, 256, 5000), (1, 3, 20000), (2, 2, 70), (3, 256, 3)])
@@ -258,9 +271,41 @@ def test_lzf_round_trip(seed, alphabet, n):
     data += data[: n // 2] + b"\x00" * 1000  # long-distance repeats and runs
     comp = lzf_compress(data)
     assert lzf_decompress(comp, len(data)) == data
+    assert lzf_decompress_py(comp, len(data)) == data
     assert comp == lzf_compress(data)
     if alphabet <= 3:
         assert len(comp) < len(data)
+
+
+@pytest.mark.skipif(not HAVE_COMPILED_LZF, reason="python-lzf is not installed")
+def test_lzf_decoders_agree_byte_for_byte(tmp_path):
+    """liblzf and the Python decoder on our writer's streams and on liblzf's own (Open3D's)."""
+    import lzf as liblzf
+
+    rng = np.random.default_rng(7)
+    pts = _random_points(20000, seed=7)
+    pts[::7, 3] = 0.0
+    for data in (np.ascontiguousarray(pts.T).tobytes(), rng.integers(0, 4, 50000).astype(np.uint8).tobytes()):
+        for comp in (lzf_compress(data), liblzf.compress(data)):
+            assert lzf_decompress_c(comp, len(data)) == lzf_decompress_py(comp, len(data)) == data
+    assert lzf_decompress is not lzf_decompress_py and lzf_module._C_DECOMPRESS is not None
+
+
+def test_read_pcd_uses_the_python_decoder_when_liblzf_is_missing(tmp_path, monkeypatch):
+    pts = _random_points(500, seed=8)
+    path = write_pcd(tmp_path / "c.pcd", pts, data="binary_compressed")
+    fast = read_pcd(path)
+    monkeypatch.setattr(lzf_module, "_C_DECOMPRESS", None)
+    np.testing.assert_array_equal(read_pcd(path), fast)
+    np.testing.assert_array_equal(fast, read_pcd(write_pcd(tmp_path / "b.pcd", pts, data="binary")))
+
+
+def test_compressed_size_prefix_beyond_lzf_ratio(tmp_path):
+    n = 1000
+    p = _write_raw(tmp_path, "ratio.pcd", _header(["x", "y", "z", "rgb"], [4] * 4, ["F"] * 4, [1] * 4, n,
+                                                  "binary_compressed")
+                   + struct.pack("<II", 3, n * 16) + bytes([0, 0, 0]))
+    _expect(p, "cannot hold", str(n * 16))
 
 
 def test_open3d_reads_our_files(tmp_path):

@@ -19,7 +19,8 @@ import gencomm  # noqa: E402,F401  (registers the GenComm link with opencood_ext
 
 # name -> (module in bench/, one-line description). Explicit on purpose.
 BENCHMARKS = {
-    "pcd": ("bench.pcd_parse", "ASCII PCD parsing MB/s on the fixture vs numpy.loadtxt"),
+    "pcd": ("bench.pcd_parse", "PCD decoding on the fixture: ours vs Open3D vs numpy (ascii, binary_compressed)"),
+    "loading": ("bench.data_loading", "PCD decoding + dataset samples/s: ours, ours with warm cache, Open3D"),
     "iou": ("bench.rotated_iou", "BEV rotated-box IoU pairs per second, NMS time"),
     "ap": ("bench.ap_eval", "AP evaluation over 1000 frames x 50 boxes"),
     "sim": ("bench.sim", "simulator LiDAR agent-scans/s, rays/s vs bare Embree, camera cost"),

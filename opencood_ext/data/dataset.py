@@ -76,6 +76,10 @@ class DataConfig:
         points into the ego frame, so its feature already lies on the ego grid and
         nothing is resampled (needs the receiver's pose at the sender; used to
         measure what warping a feature map costs, see README).
+    cache_dir: None (default) parses the source files every epoch; a folder keeps
+        each decoded point cloud and yaml's labels there as numpy arrays, checked
+        against the source's modification time and size, so later epochs read no
+        text (``opencood_ext.data.formats.decode_cache``).
     """
 
     def class_table(self) -> Dict[str, int]:
@@ -102,6 +106,7 @@ class DataConfig:
     max_frames: Optional[int] = None
     reader_options: Dict[str, Any] = field(default_factory=dict)
     collaborator_frame: Literal["own", "ego"] = "own"
+    cache_dir: Optional[str] = None
 
 
 @dataclass

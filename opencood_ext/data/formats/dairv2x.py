@@ -37,6 +37,7 @@ import numpy as np
 from ...geometry import corners_to_boxes
 from ..errors import DataFormatError
 from ..frame import VEHICLE_CLASSES, AgentObs, Frame, ObjectLabel
+from .decode_cache import DecodeCache
 from .layout import IndexedReader
 from .pcd import read_pcd
 
@@ -155,13 +156,15 @@ class DairV2XReader(IndexedReader):
             a JSON list of them.
         skip_bad: see :mod:`.layout`.
         vehicle_type, infra_type: ``agent_type`` given to the two agents.
+        cache_dir: keep decoded point clouds there (:mod:`.decode_cache`); None: no cache.
     """
 
     left_handed = False
 
     def __init__(self, root, split_ids: Union[None, str, Path, Sequence[str]] = None, skip_bad: bool = False,
-                 vehicle_type: str = "m1", infra_type: str = "m1"):
+                 vehicle_type: str = "m1", infra_type: str = "m1", cache_dir=None):
         super().__init__(skip_bad)
+        self.cache = None if cache_dir is None else DecodeCache(cache_dir)
         self.root = self._root = Path(root)
         self.vehicle_type, self.infra_type = vehicle_type, infra_type
         self.info_path = self.root / "cooperative" / "data_info.json"
@@ -220,6 +223,11 @@ class DairV2XReader(IndexedReader):
             raise DataFormatError(self.info_path, "missing key", key=f"[{k}].{key}")
         return str(e[key])
 
+    def _read_points(self, path: Path) -> np.ndarray:
+        if self.cache is None:
+            return read_pcd(path, intensity_scale=DAIR_INTENSITY_SCALE)
+        return self.cache.points(path, read_pcd, intensity_scale=DAIR_INTENSITY_SCALE)
+
     def _load(self, i: int) -> Frame:
         fid, e, k = self._entries[i]
         inf_id = _frame_id(e.get("infrastructure_image_path", self._field(e, k, "infrastructure_pointcloud_path")))
@@ -238,12 +246,10 @@ class DairV2XReader(IndexedReader):
         objects = load_cooperative_labels(self.root / label_rel)
         visible = sorted(objects)
         veh = AgentObs(agent_id=0, agent_type=self.vehicle_type, T_world_from_lidar=T_veh,
-                       lidar=read_pcd(self.root / self._field(e, k, "vehicle_pointcloud_path"),
-                                      intensity_scale=DAIR_INTENSITY_SCALE),
+                       lidar=self._read_points(self.root / self._field(e, k, "vehicle_pointcloud_path")),
                        visible_ids=list(visible), meta={"frame_id": fid})
         inf = AgentObs(agent_id=-1, agent_type=self.infra_type, T_world_from_lidar=T_inf,
-                       lidar=read_pcd(self.root / self._field(e, k, "infrastructure_pointcloud_path"),
-                                      intensity_scale=DAIR_INTENSITY_SCALE),
+                       lidar=self._read_points(self.root / self._field(e, k, "infrastructure_pointcloud_path")),
                        visible_ids=list(visible),
                        meta={"frame_id": inf_id, "system_error_offset": dict(offset)})
         return Frame(scenario=SCENARIO, timestamp=fid, agents=[veh, inf], objects=objects,

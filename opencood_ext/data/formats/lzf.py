@@ -8,8 +8,11 @@ The stream is a sequence of tokens, each starting with a control byte ``c``:
   ``((c & 31) << 8) + b + 1`` bytes back in the output and is ``n + 2`` bytes
   long (it may overlap the bytes it produces, which repeats a pattern).
 
-:func:`lzf_decompress` walks the tokens (sequential by nature) but copies whole
-runs with slices. :func:`lzf_compress` finds match candidates for every
+:func:`lzf_decompress` uses liblzf's C decoder from the ``python-lzf`` package
+when it is installed (hundreds of MB/s) and otherwise :func:`lzf_decompress_py`,
+which walks the tokens in Python (sequential by nature) but copies whole runs
+with slices; both give the same bytes and raise :class:`LZFError` on a corrupt
+stream. :func:`lzf_compress` finds match candidates for every
 position at once with numpy (most recent earlier position holding the same 3
 bytes, within the 8 KiB window) and loops only over the matches it emits, so
 its cost grows with the number of tokens, not of bytes. Output is
@@ -18,6 +21,7 @@ deterministic for a given input.
 from __future__ import annotations
 
 import bisect
+import importlib
 
 import numpy as np
 
@@ -30,9 +34,52 @@ class LZFError(ValueError):
     """A corrupt LZF stream (the caller adds the file name)."""
 
 
+def _compiled_decoder():
+    """python-lzf's ``decompress(data, max_size)`` when installed (another
+    package also installs a module named ``lzf``: it must pass a round trip)."""
+    try:
+        mod = importlib.import_module("lzf")
+        fn = getattr(mod, "decompress")
+        if fn(b"\x02abc\x20\x02", 6) != b"abcabc":  # literal "abc", then 3 bytes from 3 back
+            return None
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+    return fn
+
+
+_C_DECOMPRESS = _compiled_decoder()
+HAVE_COMPILED_LZF = _C_DECOMPRESS is not None
+
+
 def lzf_decompress(src: bytes, expected_size: int) -> bytes:
-    """Decompress ``src``; raises :class:`LZFError` unless it yields exactly
-    ``expected_size`` bytes from a well-formed stream."""
+    """Decompress ``src`` (compiled liblzf when available, else Python); raises
+    :class:`LZFError` unless it yields exactly ``expected_size`` bytes from a
+    well-formed stream."""
+    if _C_DECOMPRESS is None:
+        return lzf_decompress_py(src, expected_size)
+    return lzf_decompress_c(src, expected_size)
+
+
+def lzf_decompress_c(src: bytes, expected_size: int) -> bytes:
+    """liblzf's decoder (python-lzf); same contract as :func:`lzf_decompress_py`."""
+    if _C_DECOMPRESS is None:
+        raise RuntimeError("python-lzf is not installed")
+    src = bytes(src)
+    if not src or not expected_size:  # liblzf reports "0 bytes" for both without an error code
+        return lzf_decompress_py(src, expected_size)
+    try:
+        out = _C_DECOMPRESS(src, expected_size)
+    except ValueError:
+        out = None
+    if out is None or len(out) != expected_size:
+        lzf_decompress_py(src, expected_size)  # a corrupt stream: raises with the exact fault
+        raise LZFError(f"liblzf rejects this stream of {len(src)} bytes (expected {expected_size} "
+                       "bytes out)")
+    return out
+
+
+def lzf_decompress_py(src: bytes, expected_size: int) -> bytes:
+    """The pure-Python decoder (the fallback when python-lzf is missing)."""
     src = bytes(src)
     n = len(src)
     out = bytearray()

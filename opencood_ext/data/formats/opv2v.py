@@ -23,8 +23,9 @@ import numpy as np
 from ...geometry import pose_to_matrix
 from ..errors import DataFormatError
 from ..frame import AgentObs, CameraObs, Frame, ObjectLabel, sort_agent_ids
+from .decode_cache import DecodeCache
 from .layout import IndexedReader, frame_keys, hetero_tree, scan_scenarios, split_dir
-from .opv2v_io import (CAMERA_KEY, as_array, camera_indices, existing, load_yaml, parse_camera,
+from .opv2v_io import (CAMERA_KEY, as_array, camera_indices, existing, load_agent_yaml, parse_camera,
                        parse_objects, read_depth_png, read_rgb_png, require)
 from .pcd import read_pcd
 
@@ -111,6 +112,8 @@ class OPV2VReader(IndexedReader):
         skip_bad: see :mod:`.layout`.
         allowed_types: modality names accepted in the assignment.
         max_agents: keep at most this many agents per frame (the first after sorting).
+        cache_dir: keep decoded point clouds and yaml labels there as arrays
+            (:mod:`.decode_cache`); None reads the sources every time.
     """
 
     left_handed = True  # CARLA frame: plots flip y
@@ -118,8 +121,9 @@ class OPV2VReader(IndexedReader):
     def __init__(self, root, split: str, modality: Modality = None, hetero_root=None,
                  load_cameras: bool = True, load_depth: bool = True, load_beams: bool = True,
                  skip_bad: bool = False, allowed_types: Optional[Iterable[str]] = None,
-                 max_agents: Optional[int] = None):
+                 max_agents: Optional[int] = None, cache_dir=None):
         super().__init__(skip_bad)
+        self.cache = None if cache_dir is None else DecodeCache(cache_dir)
         self.root = self._root = Path(root)
         self.split = str(split)
         self.load_cameras, self.load_depth, self.load_beams = load_cameras, load_depth, load_beams
@@ -169,8 +173,11 @@ class OPV2VReader(IndexedReader):
         het = None if self.hetero_root is None else self.hetero_root / self.split / scenario / str(agent_id)
         return main, het
 
+    def _read_points(self, path: Path, read=read_pcd, **kw) -> np.ndarray:
+        return read(path, **kw) if self.cache is None else self.cache.points(path, read, **kw)
+
     def _load_lidar(self, agent_dir: Path, ts: str) -> np.ndarray:
-        return read_pcd(agent_dir / f"{ts}.pcd")
+        return self._read_points(agent_dir / f"{ts}.pcd")
 
     def _cameras(self, d: dict, yaml_path: Path, main: Path, het: Optional[Path], ts: str) -> List[CameraObs]:
         if not self.load_cameras:
@@ -196,13 +203,13 @@ class OPV2VReader(IndexedReader):
         for n in BEAM_COUNTS:
             p = existing(main / f"{ts}_{n}.pcd", None if het is None else het / f"{ts}_{n}.pcd")
             if p is not None:
-                out[n] = read_pcd(p)
+                out[n] = self._read_points(p)
         return out
 
     def _load_agent(self, scenario: str, agent_id: int, ts: str) -> Tuple[AgentObs, Dict[int, ObjectLabel]]:
         main, het = self._agent_dirs(scenario, agent_id)
         yaml_path = main / f"{ts}.yaml"
-        d = load_yaml(yaml_path)
+        d = load_agent_yaml(yaml_path, self.cache)
         lidar_pose = as_array(require(d, "lidar_pose", yaml_path), (6,), yaml_path, "lidar_pose")
         objects = parse_objects(d, yaml_path)
         agent = AgentObs(

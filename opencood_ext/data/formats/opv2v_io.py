@@ -19,6 +19,8 @@ misread).
 """
 from __future__ import annotations
 
+import json
+import logging
 import re
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -28,6 +30,9 @@ import yaml
 
 from ..errors import DataFormatError
 from ..frame import ObjectLabel
+from .decode_cache import Arrays, DecodeCache
+
+log = logging.getLogger(__name__)
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -109,6 +114,78 @@ def parse_objects(d: dict, path, key: str = "vehicles",
         out[obj_id] = ObjectLabel(object_id=obj_id, obj_type=str(obj.get("obj_type", default_type)),
                                   speed=speed, **fields)
     return out
+
+
+class _NotPlain(TypeError):
+    """A yaml value the cache's JSON encoding cannot carry exactly (dates, bytes, ...)."""
+
+
+def _tag(value):
+    """Plain yaml data -> JSON that keeps key types: dicts and lists become tagged pairs."""
+    if isinstance(value, dict):
+        return {"m": [[_tag(k), _tag(v)] for k, v in value.items()]}
+    if isinstance(value, list):
+        return {"l": [_tag(v) for v in value]}
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    raise _NotPlain(type(value).__name__)
+
+
+def _untag(value):
+    if isinstance(value, dict):
+        return {_untag(k): _untag(v) for k, v in value["m"]} if "m" in value else [_untag(v) for v in value["l"]]
+    return value
+
+
+_OBJ_VECTORS = ("location", "center", "angle", "extent")
+
+
+def agent_yaml_record(d: dict, objects: Dict[int, ObjectLabel]) -> Optional[Arrays]:
+    """A parsed agent yaml as arrays: the labels (``objects``, from :func:`parse_objects`)
+    as a table, every other key as tagged JSON bytes; None if a value is not plain data."""
+    try:
+        rest = json.dumps(_tag({k: v for k, v in d.items() if k != "vehicles"}), allow_nan=True)
+    except _NotPlain:
+        return None
+    objs = list(objects.values())
+    rec = {"rest": np.frombuffer(rest.encode("utf-8"), np.uint8),
+           "obj_id": np.array([o.object_id for o in objs], np.int64),
+           "obj_type": np.array([o.obj_type for o in objs], dtype=str),
+           "obj_speed": np.array([o.speed for o in objs], np.float64)}
+    for name in _OBJ_VECTORS:
+        rec[f"obj_{name}"] = np.array([getattr(o, name) for o in objs], np.float64).reshape(-1, 3)
+    return rec
+
+
+def agent_yaml_from_record(rec: Arrays) -> dict:
+    """Inverse of :func:`agent_yaml_record` (``vehicles`` rebuilt from the table)."""
+    d = _untag(json.loads(rec["rest"].tobytes().decode("utf-8")))
+    d["vehicles"] = {int(oid): {"obj_type": str(rec["obj_type"][k]), "speed": float(rec["obj_speed"][k]),
+                                **{n: rec[f"obj_{n}"][k].tolist() for n in _OBJ_VECTORS}}
+                     for k, oid in enumerate(rec["obj_id"].tolist())}
+    return d
+
+
+def load_agent_yaml(path, cache: Optional[DecodeCache] = None) -> dict:
+    """:func:`load_yaml` of an agent's ``<timestamp>.yaml``, through ``cache`` when given."""
+    entry = cache.entry(path, "agent-yaml") if cache is not None else None
+    rec = entry.load() if entry is not None else None
+    if rec is not None:
+        try:
+            return agent_yaml_from_record(rec)
+        except (KeyError, ValueError, TypeError, IndexError) as exc:
+            log.warning("cache entry %s (of %s) is malformed (%s); decoding the source again",
+                        entry.path, path, exc)
+    d = load_yaml(path)
+    if entry is not None:
+        try:
+            objects = parse_objects(d, path)
+        except DataFormatError:
+            return d  # the reader raises its own error, in its own order
+        rec = agent_yaml_record(d, objects)
+        if rec is not None:
+            entry.store(rec)
+    return d
 
 
 def camera_indices(d: dict) -> List[int]:

@@ -27,6 +27,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..errors import DataFormatError
+from .ascii_floats import parse_ascii_floats
 from .lzf import LZFError, lzf_compress, lzf_decompress
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ _KEYWORDS = ("VERSION", "FIELDS", "COLUMNS", "SIZE", "TYPE", "COUNT", "WIDTH", "
 _DATA_KINDS = ("ascii", "binary", "binary_compressed")
 _MAX_HEADER_BYTES = 1 << 16
 _COLOUR_FIELDS = ("rgb", "rgba")
+_LZF_MAX_RATIO = 88  # one 3-byte LZF token expands to at most 264 bytes
 
 
 class PCDHeader:
@@ -144,13 +146,12 @@ def _record_dtype(hdr: PCDHeader, path) -> np.dtype:
 def _columns_ascii(raw: bytes, hdr: PCDHeader, path) -> Dict[int, np.ndarray]:
     ncols = sum(hdr.counts)
     expected = hdr.points * ncols
-    text = raw[hdr.body_offset:].decode("ascii", errors="replace")
     try:
-        values = np.fromstring(text, dtype=np.float64, sep=" ")  # bulk C parse, no Python loop
+        values = parse_ascii_floats(raw, hdr.body_offset, ncols)  # bulk parse, see ascii_floats
     except ValueError:
         values = None
     if values is None or values.size != expected:
-        raise _ascii_problem(text, expected, hdr, path)
+        raise _ascii_problem(raw[hdr.body_offset:].decode("ascii", errors="replace"), expected, hdr, path)
     table = values.reshape(hdr.points, ncols)
     cols, start = {}, 0
     for k in range(len(hdr.fields)):
@@ -197,6 +198,9 @@ def _columns_compressed(raw: bytes, hdr: PCDHeader, path) -> Dict[int, np.ndarra
     if usize != hdr.points * rec_size:
         raise DataFormatError(path, f"header/count mismatch: uncompressed size {usize} bytes, header "
                               f"promises POINTS {hdr.points} x {rec_size} bytes = {hdr.points * rec_size}")
+    if usize > _LZF_MAX_RATIO * csize:
+        raise DataFormatError(path, f"corrupt binary_compressed body: {csize} compressed bytes cannot "
+                              f"hold the {usize} bytes the size prefix claims")
     body = raw[off + 8:off + 8 + csize]
     if len(body) < csize:
         raise DataFormatError(path, f"truncated binary_compressed body: {len(body)} of {csize} "

@@ -109,18 +109,19 @@ class V2XRealReader(OPV2VReader):
     ``load_cameras`` defaults to False because V2X-Real's camera yaml keys are
     unverified; when True, ``camera{i}`` entries must follow OPV2V's layout.
     ``intensity``: ``"zero"`` (the official loader) or ``"raw"``, see the module docstring.
+    ``cache_dir``: as for :class:`OPV2VReader` (the ``.bin`` scans and yaml labels).
     """
 
     left_handed = False  # real-world LiDAR frames; plots do not flip y
 
     def __init__(self, root, split: str, mode: str = "vc", skip_bad: bool = False,
-                 load_cameras: bool = False, intensity: str = "zero"):
+                 load_cameras: bool = False, intensity: str = "zero", cache_dir=None):
         if mode not in MODES:
             raise ValueError(f"V2X-Real mode must be one of {MODES}, got {mode!r}")
         if intensity not in INTENSITY_MODES:
             raise ValueError(f"V2X-Real intensity must be one of {INTENSITY_MODES}, got {intensity!r}")
         super().__init__(root, split, modality=None, load_cameras=load_cameras, load_depth=False,
-                         load_beams=False, skip_bad=skip_bad)
+                         load_beams=False, skip_bad=skip_bad, cache_dir=cache_dir)
         self.hetero_root = None
         self.mode = mode
         self.intensity = intensity
@@ -137,4 +138,4 @@ class V2XRealReader(OPV2VReader):
         self._keys = keys
 
     def _load_lidar(self, agent_dir: Path, ts: str) -> np.ndarray:
-        return read_bin(agent_dir / f"{ts}.bin", self.intensity)
+        return self._read_points(agent_dir / f"{ts}.bin", read_bin, intensity=self.intensity)
