@@ -13,6 +13,6 @@ Everything a cooperative-perception method needs besides (data, simulator,
 encoders, detector, wire format, training engine, evaluation) is in
 :mod:`opencood_ext`.
 """
-from . import link  # noqa: F401  (registers the GenComm link)
+from . import link, onboarding  # noqa: F401  (register the GenComm link and onboarding method)
 
 __version__ = "0.1.0"

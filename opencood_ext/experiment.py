@@ -44,9 +44,11 @@ class EvalConfig:
 
 @dataclass
 class StageConfig:
-    """Stage-2 onboarding: which types are new (only their message extractors train)."""
+    """Stage-2 onboarding: which types are new, and the onboarding method that trains them
+    (a name in :data:`opencood_ext.training.onboarding.ONBOARDING`: what trains for a new type)."""
 
     new_types: List[str] = field(default_factory=list)
+    method: str = "gencomm"
 
 
 @dataclass

@@ -1,15 +1,19 @@
-"""Onboard new agent types into an existing GenComm alliance (stage 2).
+"""Onboard new agent types into an existing alliance (stage 2), by any registered method.
 
     gencomm-onboard --ego runs/STAGE1_M1 --new runs/STAGE1_M3 [--new ...] -o runs/ONBOARD
-                    [-y configs/sim/gencomm_stage2_m1_m3.yaml] [--epochs N] [--set train.lr=0.0005]
+                    [--method gencomm|backalign|stamp|mpda|codefilling]
+                    [-y configs/sim/stage2/gencomm_m1_m3.yaml] [--epochs N] [--set train.lr=0.0005]
 
-Without -y the stage-2 experiment is composed from the runs: the ego's
-settings, each new type's stack, lr 5e-4, detection loss only.
+Every method starts from the same stage-1 runs. Without -y the stage-2
+experiment is composed from them: the ego's settings, each new type's stack,
+the method's link and its reference schedule; with -y the yaml's
+``stage.method`` names the method.
 
-Merges the stage-1 checkpoints, freezes everything except the new types'
-message extractors (frozen BatchNorm stays in eval mode every epoch), trains
-with the detection loss only, and prints the trainable parameters per new type
-and the wall time against stage 1. Re-running on the same -o folder resumes. From a checkout,
+Merges the stage-1 checkpoints, freezes everything except what the method
+trains for the new types (GenComm: their message extractors; frozen BatchNorm
+stays in eval mode every epoch), trains with the detection loss, and prints the
+trainable parameters per new type and the wall time against stage 1.
+Re-running on the same -o folder resumes. From a checkout,
 ``python tools/onboard.py`` runs the same command.
 """
 from __future__ import annotations
@@ -27,19 +31,21 @@ def main(argv=None) -> int:
     p.add_argument("--new", type=Path, action="append", required=True, help="a new type's stage-1 run folder")
     p.add_argument("-o", "--out", type=Path, required=True, help="run folder for the onboarding")
     p.add_argument("-y", "--hypes_yaml", type=Path, default=None, help="a stage-2 experiment yaml (optional)")
+    p.add_argument("--method", default=None, help="onboarding method (default: the -y config's stage.method, "
+                   "else gencomm); see opencood_ext.training.onboarding.ONBOARDING")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from opencood_ext.config import ConfigError, dump_config
     from opencood_ext.experiment import build_dataset, collate
-    from gencomm.onboarding import build_onboarding_model, plan_onboarding
+    from opencood_ext.training.onboarding import build_onboarding_model, plan_onboarding, trainable_per_type
     from opencood_ext.training.runlog import training_wall_time
     from opencood_ext.training import distributed as D
     from opencood_ext.training.trainer import Trainer
 
     try:
-        plan = plan_onboarding(args.ego, args.new, args.overrides, args.epochs, args.hypes_yaml)
+        plan = plan_onboarding(args.ego, args.new, args.overrides, args.epochs, args.hypes_yaml, args.method)
         model, policy = build_onboarding_model(plan)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -54,20 +60,21 @@ def main(argv=None) -> int:
         dump_config(cfg, args.out / "config.yaml")
     result = trainer.fit()
     if D.is_main_process():
-        per_type = {t: summary.per_prefix[f"link.dme.{t}"] for t in plan.new_types}
+        per_type = trainable_per_type(plan, model)
         stage1 = {t: training_wall_time(r) for t, r in {plan.ego_type: plan.ego_run, **plan.new_runs}.items()}
         # measured the way stage 1 is (its epochs' logged times), so a rerun that finds the run
         # finished, or one that resumed it, still reports the whole onboarding time
         onboard_wall = training_wall_time(args.out)
-        report = {"ego_type": plan.ego_type, "new_types": plan.new_types,
+        report = {"method": plan.method.name, "ego_type": plan.ego_type, "new_types": plan.new_types,
                   "trainable_params_per_new_type": per_type, "trainable_params_total": summary.trainable,
                   "frozen_params": summary.frozen, "frozen_batchnorm_layers": len(summary.frozen_batchnorms),
                   "onboarding_wall_time_s": onboard_wall, "stage1_wall_time_s": stage1,
                   "epochs": result.epochs_done}
         (args.out / "onboarding.json").write_text(json.dumps(report, indent=2))
-        print(f"onboarded {', '.join(plan.new_types)} into {plan.ego_type}'s alliance -> {args.out}")
+        print(f"onboarded {', '.join(plan.new_types)} into {plan.ego_type}'s alliance with {plan.method.name} "
+              f"-> {args.out}")
         for t, n in per_type.items():
-            print(f"  trainable parameters for {t}: {n:,} (its message extractor only)")
+            print(f"  trainable parameters for {t}: {n:,} ({', '.join(plan.method.trainable(t))})")
         print(f"  frozen parameters: {summary.frozen:,}; frozen BatchNorm layers: {len(summary.frozen_batchnorms)}")
         for t, s in stage1.items():
             print(f"  stage-1 training of {t}: {s:.0f} s; onboarding: {onboard_wall:.0f} s")
