@@ -1,7 +1,7 @@
 """GenComm's stage 2: a new agent type joins an existing alliance by training
 ONLY its Deformable Message Extractor (~0.1M parameters).
 
-Registered as the ``gencomm`` :class:`~opencood_ext.training.onboarding.OnboardingMethod`
+Registered as the ``gencomm`` :class:`~opencood_ext.methods.base.OnboardingMethod`
 (``tools/onboard.py --method gencomm``, the default). Weights come from:
 
 * the ego's stage-1 run: its encoder stack, DME, generator, enhancer, fusion and head;
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from opencood_ext.experiment import ExperimentConfig
-from opencood_ext.training.onboarding import ONBOARDING, OnboardingMethod
+from opencood_ext.methods.base import ONBOARDING, OnboardingMethod
 
 STAGE2_LR = 5e-4  # the paper's stage-2 learning rate
 _RECEIVER = ("link.dme", "link.safg", "link.enhancer")

@@ -24,6 +24,7 @@ from opencood_ext.config import ConfigError, load_config
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset, DataConfig
 from opencood_ext.data.formats import get_reader
+from opencood_ext import methods  # noqa: F401  (registers the heterogeneous baselines' links)
 from opencood_ext.models import build, voxel_sizes
 from opencood_ext.models.fusion_methods import FUSION_METHODS, FusionMethod
 

@@ -7,8 +7,8 @@ stack, freezes everything except what the method trains for the new types
 (frozen BatchNorm layers stay in eval mode every epoch), and trains with the
 detection loss. Nobody in the ego alliance changes.
 
-A method is a registered :class:`OnboardingMethod` (``ONBOARDING``, the
-``--method`` of ``tools/onboard.py``) that says:
+A method is a registered :class:`~opencood_ext.methods.base.OnboardingMethod`
+(``ONBOARDING``, the ``--method`` of ``tools/onboard.py``) that says:
 
 * ``link(...)``: the stage-2 link spec (GenComm keeps its own; BackAlign sends
   the full feature; STAMP, MPDA, CodeFilling bring their own links);
@@ -26,47 +26,16 @@ import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from ..config import apply_overrides, config_from_dict, config_to_dict
 from ..experiment import ExperimentConfig, build_model, load_experiment
-from ..registry import Registry
+from ..methods.base import ONBOARDING, OnboardingMethod
 from ..runs import checkpoint_of
 from .checkpoint import load_model_state
 from .freeze import FreezePolicy
 
 log = logging.getLogger(__name__)
-
-ONBOARDING = Registry("onboarding method", "how new agent types join a frozen alliance (tools/onboard.py --method); "
-                      "GenComm's registers when the gencomm package is imported")
-
-
-class OnboardingMethod:
-    """Base class; see the module docstring. Subclasses set ``name`` and override what differs."""
-
-    name: ClassVar[str] = ""
-    description: ClassVar[str] = ""
-    train_defaults: ClassVar[Dict[str, object]] = {"lr": 1e-3, "lr_scheduler": None}
-
-    def link(self, ego_link: Optional[dict], ego_type: str, new_types: List[str]) -> Optional[dict]:
-        """The stage-2 ``model.link`` spec, from the ego run's."""
-        return ego_link
-
-    def ego_prefixes(self, ego_type: str) -> List[str]:
-        """Weights taken from the ego's run: its stack and everything after fusion."""
-        return [f"encoders.{ego_type}.", "fuse.", "post_fusion.", "head."]
-
-    def new_prefixes(self, t: str) -> List[str]:
-        """Weights taken from new type ``t``'s run: its encoder stack."""
-        return [f"encoders.{t}."]
-
-    def trainable(self, t: str) -> List[str]:
-        """Module prefixes that train for new type ``t``."""
-        raise NotImplementedError
-
-    def check_stage1(self, cfg: ExperimentConfig, run: Path) -> None:
-        """Raise ValueError when ``run`` cannot serve as a stage-1 run for this method."""
-
 
 @dataclass
 class OnboardPlan:

@@ -1,0 +1,8 @@
+"""Heterogeneous-collaboration methods GenComm is compared with, each a module that
+registers its link (:data:`opencood_ext.models.links.LINKS`) and its onboarding
+method (:data:`.base.ONBOARDING`): BackAlign (HEAL), STAMP, MPDA, CodeFilling.
+GenComm itself lives in the :mod:`gencomm` package and registers the same way.
+"""
+from .base import ONBOARDING, OnboardingMethod
+
+__all__ = ["ONBOARDING", "OnboardingMethod"]
