@@ -100,9 +100,14 @@ def ego_only(run: Path, fusion: str, res: dict, profile: Profile) -> dict:
 
 
 def count_trainable(run: Path) -> int:
-    from opencood_ext.runs import load_run
-    _, model = load_run(run)
-    return sum(p.numel() for p in model.parameters())
+    """Parameters a run trained: an onboarding run's from its onboarding.json; a run of
+    tools/train.py trains every parameter of its model."""
+    report = run / "onboarding.json"
+    if report.is_file():
+        return int(json.loads(report.read_text())["trainable_params_total"])
+    from opencood_ext.experiment import build_model, load_experiment
+    model = build_model(load_experiment(run / "config.yaml"))
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 0) -> Path:

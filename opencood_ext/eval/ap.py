@@ -1,4 +1,4 @@
-"""Average precision of BEV box detections, the OpenCOOD protocol (FORMATS.md section 4).
+"""Average precision of BEV box detections, the OpenCOOD protocol (docs/formats.md section 4).
 
 Per frame, predictions are sorted by score, highest first (a stable sort: equal
 scores keep their input order). Each prediction is a true positive (TP) if its

@@ -79,10 +79,6 @@ class EncoderStack(nn.Module):
         """Voxel size the data pipeline must voxelise with (lidar types), else None."""
         return self.encoder.voxel_size if self.input_kind == "lidar" else None
 
-    @property
-    def feature_shape(self) -> Tuple[int, int]:
-        return self.grid.shape
-
     def forward(self, data: Union[LidarInput, CameraInput]) -> EncoderOutput:
         expected = LidarInput if self.input_kind == "lidar" else CameraInput
         if not isinstance(data, expected):

@@ -6,7 +6,7 @@ arrays, or ``carla.Transform`` / ``Location`` / ``Rotation`` /
 ``carla`` client library builds offline. :mod:`opencood_ext.sim.carla_bridge`
 glues them to a live simulator.
 
-Frames (FORMATS.md section 1): CARLA's world and sensor frames are
+Frames (docs/formats.md section 1): CARLA's world and sensor frames are
 left-handed (x forward, y right, z up), the same as the project's, so nothing
 is flipped. A 6-vector pose is ``[x, y, z, roll, yaw, pitch]`` in metres and
 degrees and ``pose_to_matrix(transform_to_pose(t)) == t.get_matrix()``.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Set, Tuple
 
 import numpy as np
 
@@ -331,19 +331,3 @@ def _conflicts(jn: Junction, lanes: List[Lane], clearance: float = 3.2) -> None:
                 jn.conflicts[a].add(b)
                 jn.conflicts[b].add(a)
 
-
-def lane_entry(network: RoadNetwork) -> Dict[int, int]:
-    """connector lane id -> the drive lane leading into it."""
-    out = {}
-    for ln in network.lanes:
-        for s in ln.successors:
-            if network.lanes[s].kind == "connector":
-                out[s] = ln.lane_id
-    return out
-
-
-def nearest_junction(network: RoadNetwork, xy) -> Optional[Junction]:
-    if not network.junctions:
-        return None
-    c = np.array([j.center for j in network.junctions])
-    return network.junctions[int(np.argmin(np.linalg.norm(c - np.asarray(xy)[None], axis=1)))]

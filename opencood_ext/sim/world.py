@@ -6,7 +6,7 @@ town, Embree ray casting, no download) and a CARLA bridge. The recorder
 (:mod:`opencood_ext.sim.recorder`) and the live demo consume either through this
 protocol only.
 
-Frames and conventions (the same as CARLA / OPV2V, see FORMATS.md):
+Frames and conventions (the same as CARLA / OPV2V, see docs/formats.md):
 
 * World and sensor frames are LEFT-handed: x forward, y right, z up; a yaw
   turns +x toward +y. Poses are ``[x, y, z, roll, yaw, pitch]`` (m, degrees)

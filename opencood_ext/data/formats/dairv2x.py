@@ -1,4 +1,4 @@
-"""DAIR-V2X-C reader (FORMATS.md section 2): one vehicle + one infrastructure LiDAR.
+"""DAIR-V2X-C reader (docs/formats.md section 2): one vehicle + one infrastructure LiDAR.
 
 ``<root>/cooperative/data_info.json`` lists the cooperative pairs and is the
 index (read at construction; nothing else is). Per pair:

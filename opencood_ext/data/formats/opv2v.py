@@ -1,4 +1,4 @@
-"""OPV2V / OPV2V-H / V2XSet reader (FORMATS.md section 1).
+"""OPV2V / OPV2V-H / V2XSet reader (docs/formats.md section 1).
 
 Layout: ``<root>/<split>/<scenario>/<agent_id>/<timestamp>.{pcd,yaml}`` plus
 ``<timestamp>_camera{i}.png``; OPV2V-H adds ``<timestamp>_32.pcd``,

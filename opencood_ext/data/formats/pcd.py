@@ -323,10 +323,3 @@ def write_pcd(path, points, data: str = "binary", fourth: str = "rgb") -> Path:
     path.write_bytes(header + body)
     return path
 
-
-def pcd_header(path) -> PCDHeader:
-    """Parse only the header of ``path`` (cheap metadata lookup)."""
-    path = Path(path)
-    with open(path, "rb") as fh:
-        raw = fh.read(_MAX_HEADER_BYTES)
-    return parse_header(raw, path)

@@ -1,4 +1,4 @@
-"""V2X-Real reader (FORMATS.md section 3).
+"""V2X-Real reader (docs/formats.md section 3).
 
 Layout: ``<root>/<split>/<scenario>/<agent_id>/<timestamp>.{bin,yaml}`` (and
 ``_camera{i}.png``); negative agent ids are infrastructure. The yaml is
