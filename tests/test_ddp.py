@@ -58,7 +58,7 @@ def test_torchrun_two_ranks_gloo(tmp_path):
     assert (r0["rank"], r1["rank"], r0["world_size"], r0["backend"]) == (0, 1, 2, "gloo")
 
     # identical weights and BatchNorm buffers on both ranks, and in the checkpoint
-    w0, w1 = torch.load(f"{out}.rank0.pt"), torch.load(f"{out}.rank1.pt")
+    w0, w1 = (torch.load(f"{out}.rank{r}.pt", weights_only=True) for r in (0, 1))
     assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
     latest = load_checkpoint(run / "checkpoints" / "latest.pth")
     assert all(torch.equal(latest["model"][k], w0[k]) for k in w0)

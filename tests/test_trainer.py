@@ -145,7 +145,8 @@ def test_sigkill_mid_epoch_then_resume_continues_same_order(tmp_path):
     assert [h["epoch"] for h in out["history"]] == [1, 2, 3]
     # epoch 2 resumes at its 3rd batch: the samples after the first 4 of the reference epoch 2, then epoch 3
     assert out["seen"] == ref["seen"][12 + 4:]
-    assert _same_weights(torch.load(tmp_path / "resumed.rank0.pt"), torch.load(tmp_path / "ref.rank0.pt"))
+    assert _same_weights(torch.load(tmp_path / "resumed.rank0.pt", weights_only=True),
+                         torch.load(tmp_path / "ref.rank0.pt", weights_only=True))
     log = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
     resume = [x for x in log if x["kind"] == "resume"]
     assert resume == [{"kind": "resume", "epoch": 1, "step_in_epoch": 2, "global_step": 8}]

@@ -10,7 +10,7 @@ Every file is written to a temporary file in the same folder, fsynced and
 then ``os.replace``d over the target, so a reader (or a resume after SIGKILL)
 sees either the old or the new checkpoint, never a torn one.
 
-Checkpoint dict (``CHECKPOINT_KEYS``, ``format_version`` 1):
+Checkpoint dict (``CHECKPOINT_KEYS``, ``format_version`` 2):
 
 - ``model``: state dict of the bare module (never the DDP wrapper's ``module.`` keys)
 - ``optimizer``, ``scheduler`` (None without a scheduler): their state dicts
@@ -20,15 +20,26 @@ Checkpoint dict (``CHECKPOINT_KEYS``, ``format_version`` 1):
 - ``global_step``: optimizer steps since the start of training
 - ``best_val``: best mean validation loss so far, or None
 - ``history``: list of per-epoch dicts (see ``trainer.TrainResult``)
-- ``rng``: list of per-rank RNG states (:func:`capture_rng_state`)
+- ``rng``: list of per-rank RNG states (:func:`capture_rng_state`), tensors and plain types only
 - ``world_size``, ``batch_size``: the layout the step counter refers to
 - ``config``: the TrainConfig as a plain dict
+
+Safe loading: every file is read with ``torch.load(weights_only=True)``, which
+rebuilds tensors and plain containers only and never calls a function named in
+the file; a file that asks for anything else (e.g. a ``__reduce__`` payload) is
+refused with :class:`UnsafeCheckpointError` before any of it runs. Format 2
+stores everything as tensors and plain types. Format 1 files (written before
+format 2) hold numpy's RNG state as a numpy array; they are read with exactly
+the three numpy globals that array needs allowed, and their RNG state is
+converted on load.
 """
 from __future__ import annotations
 
 import io
 import os
+import pickle
 import random
+import re
 import secrets
 from pathlib import Path
 from typing import Dict, Iterable, Mapping, Optional
@@ -37,13 +48,24 @@ import numpy as np
 import torch
 from torch import nn
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 CHECKPOINT_KEYS = ("format_version", "model", "optimizer", "scheduler", "epoch", "step_in_epoch",
                    "global_step", "best_val", "history", "rng", "world_size", "batch_size", "config")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, unreadable or lacks a field; the message names the file."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint asks to run code or build objects outside the allow-list; nothing of it ran."""
+
+
+# numpy's legacy RNG state array in format-1 files: these three rebuild a plain ndarray and nothing else
+_LEGACY_NUMPY_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32)),
+                         (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")]
+_GLOBAL_NAME = re.compile(r"GLOBAL ([\w.]+)")
 
 
 # ---------------------------------------------------------------- atomic files
@@ -88,25 +110,44 @@ def save_checkpoint(state: Mapping, paths: Iterable[str | os.PathLike]) -> None:
         atomic_write_bytes(p, data)
 
 
+def _safe_torch_load(path: Path, map_location):
+    """``torch.load(weights_only=True)``; a refused global raises :class:`UnsafeCheckpointError`."""
+    try:
+        with torch.serialization.safe_globals(_LEGACY_NUMPY_GLOBALS):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = _GLOBAL_NAME.search(str(exc))
+        if found is None:
+            raise CheckpointError(f"{path}: unreadable checkpoint (UnpicklingError: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+        raise UnsafeCheckpointError(
+            f"{path}: refused to open: the file asks to call or build {found.group(1)!r}, which a checkpoint "
+            f"never needs (it could run arbitrary code); nothing in it was executed. Checkpoints written "
+            f"by this project (formats {READABLE_VERSIONS}) hold tensors and plain types only") from None
+    except Exception as exc:  # torch raises many types for a corrupt archive
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {msg})") from None
+
+
 def load_checkpoint(path: str | os.PathLike, map_location="cpu", required=CHECKPOINT_KEYS) -> dict:
-    """Read a checkpoint; raises :class:`CheckpointError` naming the file and missing fields."""
+    """Read a checkpoint safely; raises :class:`CheckpointError` naming the file and missing fields.
+
+    A format-1 file comes back in format 2 (its RNG states converted to plain types).
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
-    try:
-        # weights_only=False: the file holds RNG states (numpy arrays) and plain config dicts;
-        # only load checkpoints you wrote yourself.
-        state = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as exc:  # torch raises many types for a corrupt archive
-        raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {exc})") from exc
+    state = _safe_torch_load(path, map_location)
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: expected a dict, got {type(state).__name__}")
     missing = [k for k in required if k not in state]
     if missing:
         raise CheckpointError(f"{path}: missing field(s) {missing}")
     version = state.get("format_version", FORMAT_VERSION)
-    if version != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: field 'format_version' is {version}, this code reads {FORMAT_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise CheckpointError(f"{path}: field 'format_version' is {version}, this code reads {READABLE_VERSIONS}")
+    if isinstance(state.get("rng"), list):
+        state["rng"] = [plain_rng_state(r) for r in state["rng"]]
     return state
 
 
@@ -152,22 +193,51 @@ def seed_everything(seed: int) -> None:
 
 
 def capture_rng_state() -> dict:
-    """This process's python / numpy / torch CPU (and CUDA, if used) RNG states."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's python / numpy / torch CPU (and CUDA, if used) RNG states, as tensors and
+    plain types (what ``weights_only`` loading accepts)::
+
+        python: random.getstate() as nested tuples of ints
+        numpy:  {"bit_generator": "MT19937", "key": (624,) int64 tensor, "pos", "has_gauss": int,
+                 "cached_gaussian": float}
+        torch:  ByteTensor;  cuda: list of ByteTensors (only when CUDA is initialised)
+    """
+    state = {"python": random.getstate(), "numpy": _plain_numpy_state(np.random.get_state()),
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
+def _plain_numpy_state(st) -> dict:
+    name, key, pos, has_gauss, cached = st
+    return {"bit_generator": str(name), "key": torch.as_tensor(np.asarray(key, dtype=np.int64)),
+            "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def plain_rng_state(state: Mapping) -> dict:
+    """A captured RNG state with numpy's legacy tuple (format 1) converted to the plain dict."""
+    state = dict(state)
+    if isinstance(state.get("numpy"), tuple):
+        state["numpy"] = _plain_numpy_state(state["numpy"])
+    return state
+
+
 def restore_rng_state(state: Mapping) -> None:
-    """Inverse of :func:`capture_rng_state`."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    """Inverse of :func:`capture_rng_state` (also takes format 1's numpy tuple)."""
+    random.setstate(_as_tuples(state["python"]))
+    st = plain_rng_state(state)["numpy"]
+    np.random.set_state((st["bit_generator"], np.asarray(st["key"], dtype=np.int64).astype(np.uint32),
+                         st["pos"], st["has_gauss"], st["cached_gaussian"]))
     torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
         cuda_states = state["cuda"]
         if len(cuda_states) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all([s.cpu() for s in cuda_states])
+
+
+def _as_tuples(value):
+    """``random.setstate`` wants tuples; lists (e.g. after a JSON round trip) are converted."""
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 # ---------------------------------------------------------------- model weights

@@ -61,7 +61,7 @@ from tqdm import tqdm
 
 from ..models.losses import LossOutput
 from . import distributed as D
-from .checkpoint import (CheckpointError, CheckpointPaths, capture_rng_state, load_checkpoint,
+from .checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointPaths, capture_rng_state, load_checkpoint,
                          restore_rng_state, save_checkpoint, seed_everything)
 from .freeze import PolicyLike, resolve_policy
 from .runlog import RunLog
@@ -216,7 +216,7 @@ class Trainer:
 
     # ------------------------------------------------------------ checkpoints
     def _state(self) -> dict:
-        return {"format_version": 1, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        return {"format_version": FORMAT_VERSION, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
                 "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
                 "best_val": self.best_val, "history": list(self.history),
