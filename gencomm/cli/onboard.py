@@ -42,10 +42,12 @@ def main(argv=None) -> int:
     from opencood_ext.training.onboarding import build_onboarding_model, plan_onboarding, trainable_per_type
     from opencood_ext.training.runlog import training_wall_time
     from opencood_ext.training import distributed as D
+    from opencood_ext.training.checkpoint import seed_everything
     from opencood_ext.training.trainer import Trainer
 
     try:
         plan = plan_onboarding(args.ego, args.new, args.overrides, args.epochs, args.hypes_yaml, args.method)
+        seed_everything(plan.config.train.seed)  # before the model is built (parameters not taken from stage 1)
         model, policy = build_onboarding_model(plan)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -65,6 +65,7 @@ def main(argv=None) -> int:
     from opencood_ext.interop.runs import load_any_run  # ours, or a reference (OpenCOOD/HEAL) run folder
     from opencood_ext.runs import set_fusion
     from opencood_ext.comm.channel import ChannelConfig, parse_pose_noise
+    from opencood_ext.training.checkpoint import seed_everything
 
     try:
         cfg, model = load_any_run(args.model_dir, args.overrides)
@@ -79,6 +80,7 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     model.wire_dtype = args.wire_dtype
+    seed_everything(cfg.train.seed)  # GenComm's receiver samples diffusion noise: same seed, same AP
     split = args.split or cfg.eval.split
     max_frames = args.max_frames if args.max_frames is not None else cfg.eval.max_frames
     if args.dynamic:

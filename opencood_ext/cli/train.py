@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     from opencood_ext.experiment import build_dataset, build_model, collate, load_experiment
     from opencood_ext.interop.runs import load_experiment_any  # ours, or an OpenCOOD/HEAL hypes yaml
     from opencood_ext.training import distributed as D
+    from opencood_ext.training.checkpoint import seed_everything
     from opencood_ext.training.trainer import Trainer
 
     resume_cfg = args.model_dir / "config.yaml" if args.model_dir else None
@@ -54,6 +55,7 @@ def main(argv=None) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     run_dir = args.model_dir or args.runs_root / f"{cfg.name}_{time.strftime('%Y_%m_%d_%H_%M_%S')}"
+    seed_everything(cfg.train.seed)  # before anything draws: model init (the same on every rank), datasets
     model = build_model(cfg)
     train_set = build_dataset(cfg, cfg.data.train_split, train=True)
     val_set = build_dataset(cfg, cfg.data.val_split, train=False) if cfg.train.val_every else None
