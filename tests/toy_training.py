@@ -1,7 +1,10 @@
 """Toy model / dataset / batch for the training-engine tests, plus a CLI entry point
 that subprocess tests (SIGKILL resume, torchrun DDP) launch:
 
-    python tests/toy_training.py --run-dir DIR --out OUT [--kill-after-steps N] ...
+    python tests/toy_training.py --run-dir DIR --out OUT [--kill-after-steps N] [--kill-writing NAME:K] ...
+
+``--kill-writing best.pth:2`` SIGKILLs the process in the middle of the 2nd atomic write of
+best.pth: its temporary file is written, the replace has not happened.
 
 Writes ``OUT.rank{r}.json`` (history, seen indices, save-call count) and
 ``OUT.rank{r}.pt`` (the final state dict) for each rank.
@@ -85,6 +88,22 @@ class ToyModel(nn.Module):
         return LossOutput(total=mse, parts={"mse": mse, "abs": (output - batch.y).abs().mean()})
 
 
+def kill_while_writing(name: str, k) -> None:
+    """SIGKILL this process once the k-th atomic write of a file called ``name`` has
+    written its temporary file, before the rename."""
+    import opencood_ext.training.checkpoint as C
+    real_replace, count = C.os.replace, [0]
+
+    def replace(src, dst):
+        if Path(dst).name == name:
+            count[0] += 1
+            if count[0] == int(k):
+                os.kill(os.getpid(), signal.SIGKILL)
+        return real_replace(src, dst)
+
+    C.os.replace = replace  # this process only (a subprocess of the tests)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--run-dir", required=True)
@@ -95,7 +114,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--ckpt-every", type=int, default=0)
     ap.add_argument("--kill-after-steps", type=int, default=0)
+    ap.add_argument("--kill-writing", default=None, metavar="NAME:K")
     args = ap.parse_args(argv)
+    if args.kill_writing:
+        kill_while_writing(*args.kill_writing.split(":"))
     torch.set_num_threads(1)
     torch.manual_seed(0)
     import opencood_ext.training.trainer as trainer_mod

@@ -8,7 +8,9 @@ Run folder layout (written by rank 0 only)::
 
 Every file is written to a temporary file in the same folder, fsynced and
 then ``os.replace``d over the target, so a reader (or a resume after SIGKILL)
-sees either the old or the new checkpoint, never a torn one.
+sees either the old or the new checkpoint, never a torn one. The order of the
+writes (latest.pth last, the commit point) and the clean-up after a kill are in
+:mod:`.runfolder`.
 
 Checkpoint dict (``CHECKPOINT_KEYS``, ``format_version`` 2):
 
@@ -23,6 +25,8 @@ Checkpoint dict (``CHECKPOINT_KEYS``, ``format_version`` 2):
 - ``rng``: list of per-rank RNG states (:func:`capture_rng_state`), tensors and plain types only
 - ``world_size``, ``batch_size``: the layout the step counter refers to
 - ``config``: the TrainConfig as a plain dict
+- ``partial_epoch`` (optional): mid-epoch only, per rank, the running loss sums of the
+  epoch (tensors), its step count and training seconds so far; None at an epoch end
 
 Safe loading: every file is read with ``torch.load(weights_only=True)``, which
 rebuilds tensors and plain containers only and never calls a function named in

@@ -3,8 +3,14 @@ tensorboard scalars under ``tb/``, written by rank 0; and readers for it."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import List, Optional
+
+from .checkpoint import atomic_write_bytes
+
+log = logging.getLogger("opencood_ext.training")
 
 
 class RunLog:
@@ -15,9 +21,13 @@ class RunLog:
         self.tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge_step)
         self.jsonl = open(run_dir / "train_log.jsonl", "a")
 
-    def record(self, kind: str, data: dict, step: Optional[int] = None, tb_prefix: Optional[str] = None):
+    def record(self, kind: str, data: dict, step: Optional[int] = None, tb_prefix: Optional[str] = None,
+               durable: bool = False):
+        """Append one record; ``durable`` also fsyncs it (epoch records, written before the checkpoint)."""
         self.jsonl.write(json.dumps({"kind": kind, **data}) + "\n")
         self.jsonl.flush()
+        if durable:
+            os.fsync(self.jsonl.fileno())
         if tb_prefix is not None:
             for k, v in data.items():
                 if isinstance(v, float) and k not in ("epoch", "global_step", "step"):
@@ -29,13 +39,47 @@ class RunLog:
         self.jsonl.close()
 
 
+def _parse(lines: List[str], path: Path) -> List[dict]:
+    recs = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            recs.append(json.loads(line))
+        except json.JSONDecodeError:
+            log.warning("%s: ignoring line %d, not JSON (a run killed while logging tears its last line): %r",
+                        path, n, line[:80])
+    return recs
+
+
 def read_log(run_dir, kind: Optional[str] = None) -> List[dict]:
-    """Records of ``run_dir/train_log.jsonl`` (only those of ``kind`` when given); [] if none."""
+    """Records of ``run_dir/train_log.jsonl`` (only those of ``kind`` when given); [] if none.
+    A line that is not JSON (torn by a kill mid-write) is skipped with a warning."""
     path = Path(run_dir) / "train_log.jsonl"
     if not path.exists():
         return []
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    recs = _parse(path.read_text().splitlines(), path)
     return [r for r in recs if kind is None or r.get("kind") == kind]
+
+
+def truncate_log(run_dir, global_step: int, epoch: int) -> int:
+    """Keep only the records a checkpoint at (``global_step``, ``epoch`` completed epochs)
+    accounts for: step and resume records up to ``global_step``, epoch records up to
+    ``epoch``; a torn last line goes too. Rewrites the file atomically when anything is
+    dropped; returns the number of records dropped."""
+    path = Path(run_dir) / "train_log.jsonl"
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    recs = _parse(lines, path)
+    keep = [r for r in recs if (r.get("epoch", 0) <= epoch if r.get("kind") == "epoch"
+                                else r.get("global_step", 0) <= global_step)]
+    dropped = len([ln for ln in lines if ln.strip()]) - len(keep)
+    if dropped:
+        atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in keep).encode())
+        log.warning("%s: dropped %d record(s) past the resume point (epoch %d, step %d)", path, dropped,
+                    epoch, global_step)
+    return dropped
 
 
 def training_wall_time(run_dir) -> float:

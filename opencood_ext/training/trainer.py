@@ -24,7 +24,10 @@ Run folder (rank 0 writes; ``config.yaml`` is the CLI's)::
         {"kind": "resume", "epoch", "step_in_epoch", "global_step"}
 
 Epochs are numbered from 1. Resume: ``fit()`` on a run folder holding
-``latest.pth`` continues from it. Each epoch's sample order is a pure function
+``latest.pth`` continues from it (after a kill at any instant the folder is made
+consistent first, see :mod:`.runfolder`: stale temporary files go, a corrupt
+latest.pth falls back to the newest intact epoch file, log records and best.pth
+follow the resume point). Each epoch's sample order is a pure function
 of (seed, epoch, rank, world size), so an epoch interrupted after a mid-epoch
 checkpoint (``checkpoint_every_steps``) continues at the next unseen batch;
 without one it restarts from its beginning; it is never skipped. With
@@ -48,9 +51,9 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Literal, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -61,81 +64,14 @@ from tqdm import tqdm
 
 from ..models.losses import LossOutput
 from . import distributed as D
-from .checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointPaths, capture_rng_state, load_checkpoint,
-                         restore_rng_state, save_checkpoint, seed_everything)
+from .checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointPaths, capture_rng_state, restore_rng_state,
+                         save_checkpoint, seed_everything)
 from .freeze import PolicyLike, resolve_policy
+from .runfolder import prepare_run_folder
 from .runlog import RunLog
+from .train_config import TrainConfig
 
 log = logging.getLogger("opencood_ext.training")
-
-
-@dataclass
-class TrainConfig:
-    """Training schedule and engine settings (the ``train:`` section of an experiment yaml).
-
-    epochs: total epochs (a resumed run stops there too).
-    batch_size: samples per optimizer step PER PROCESS; val_batch_size defaults to it.
-    num_workers: DataLoader worker processes (0 loads in the training process).
-    optimizer / lr / weight_decay / momentum (sgd only).
-    lr_scheduler: None (constant), "multistep" (x gamma at each epoch in
-    milestones) or "cosine" (to min_lr at the last epoch); stepped per epoch.
-    grad_clip: max global L2 norm of the trainable gradients, None = off.
-    log_every: steps between log lines / tensorboard points.
-    val_every: validate every N epochs and after the last one; 0 = never.
-    max_val_batches: per-process cap on validation batches (quick runs), None = all.
-    seed: seeds python/numpy/torch (+ rank) and the per-epoch sample order.
-    shuffle / drop_last: train sample order and incomplete last batch.
-    max_steps_per_epoch: cap on optimizer steps per epoch (quick runs), None = full epoch.
-    checkpoint_every_steps: also write latest.pth every N global steps (mid-epoch resume).
-    keep_epoch_checkpoints: keep only the newest N epoch_*.pth, None = all.
-    find_unused_parameters: DDP flag for models whose trainable parameters do
-    not all take part in every forward (heterogeneous agent mixes).
-    progress_bar: tqdm bar on rank 0 when stderr is a terminal.
-    """
-    epochs: int = 10
-    batch_size: int = 2
-    val_batch_size: Optional[int] = None
-    num_workers: int = 0
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    momentum: float = 0.9
-    lr_scheduler: Optional[Literal["multistep", "cosine"]] = None
-    milestones: List[int] = field(default_factory=list)
-    gamma: float = 0.1
-    min_lr: float = 0.0
-    grad_clip: Optional[float] = None
-    log_every: int = 10
-    val_every: int = 1
-    max_val_batches: Optional[int] = None
-    seed: int = 0
-    shuffle: bool = True
-    drop_last: bool = False
-    max_steps_per_epoch: Optional[int] = None
-    checkpoint_every_steps: Optional[int] = None
-    keep_epoch_checkpoints: Optional[int] = None
-    find_unused_parameters: bool = False
-    progress_bar: bool = True
-
-    def __post_init__(self):
-        def bad(name, rule):
-            return ValueError(f"TrainConfig.{name} must be {rule}, got {getattr(self, name)!r}")
-        for name in ("epochs", "batch_size", "log_every"):
-            if getattr(self, name) <= 0:
-                raise bad(name, "> 0")
-        for name in ("val_batch_size", "max_val_batches", "max_steps_per_epoch", "checkpoint_every_steps",
-                     "keep_epoch_checkpoints", "grad_clip"):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise bad(name, "> 0 or None")
-        for name in ("num_workers", "val_every", "lr", "weight_decay", "min_lr", "momentum"):
-            if getattr(self, name) < 0:
-                raise bad(name, ">= 0")
-        if self.optimizer not in ("adam", "adamw", "sgd"):
-            raise bad("optimizer", "adam, adamw or sgd")
-        if self.lr_scheduler not in (None, "multistep", "cosine"):
-            raise bad("lr_scheduler", "None, multistep or cosine")
-        if self.lr_scheduler == "multistep" and (not self.milestones or self.milestones != sorted(self.milestones)):
-            raise bad("milestones", "a non-empty increasing list of epochs for lr_scheduler=multistep")
 
 
 @dataclass
@@ -143,9 +79,11 @@ class TrainResult:
     """Outcome of :meth:`Trainer.fit`.
 
     history: one dict per completed epoch: ``epoch``, ``lr`` (during the epoch),
-    ``train_loss`` + ``train_<part>`` (mean over the steps run in this
-    process group; after a mid-epoch resume only the resumed part), ``steps``,
-    ``time_s``, and when validated ``val_loss`` + ``val_<part>``.
+    ``train_loss`` + ``train_<part>`` (mean over the epoch's steps in this
+    process group; a mid-epoch checkpoint carries the partial sums, so a resumed
+    epoch reports the same means), ``steps``, ``time_s`` (training time of the
+    epoch, the part before a mid-epoch checkpoint included), and when validated
+    ``val_loss`` + ``val_<part>``.
     """
     epochs_done: int
     best_val: Optional[float]
@@ -210,6 +148,7 @@ class Trainer:
         self.best_val: Optional[float] = None
         self.history: List[dict] = []
         self._log: Optional[RunLog] = None
+        self._acc: Optional[dict] = None  # the running epoch's sums (see _train_epoch)
         if self.steps_per_epoch() == 0:
             raise ValueError(f"Trainer: {len(train_set)} train samples over {self.dist.world_size} process(es) "
                              f"make no full batch of {config.batch_size} (drop_last=True)")
@@ -224,21 +163,27 @@ class Trainer:
                 "config": dataclasses.asdict(self.config)}
 
     def _save(self, epoch_file: bool, best: bool) -> None:
-        rng = D.all_gather_object(capture_rng_state())  # collective: every rank calls _save
+        partial = None
+        if self._acc is not None:  # mid-epoch: the running sums, so the resumed epoch's means are whole
+            partial = {k: dict(v) if isinstance(v, dict) else v for k, v in self._acc.items()}
+            partial["time_s"] = time.time() - partial.pop("t0")
+        gathered = D.all_gather_object((capture_rng_state(), partial))  # collective: every rank calls _save
         if not self.dist.is_main:
             return
         state = self._state()
-        state["rng"] = rng
-        paths = ([self.paths.epoch(self.epoch)] if epoch_file else []) + [self.paths.latest]
-        save_checkpoint(state, paths + ([self.paths.best] if best else []))
+        state["rng"] = [g[0] for g in gathered]
+        state["partial_epoch"] = [g[1] for g in gathered] if partial is not None else None
+        # latest.pth last: it is the commit point (runfolder.py)
+        paths = ([self.paths.epoch(self.epoch)] if epoch_file else []) + ([self.paths.best] if best else [])
+        save_checkpoint(state, paths + [self.paths.latest])
         if epoch_file and self.config.keep_epoch_checkpoints:
             self.paths.prune_epochs(self.config.keep_epoch_checkpoints)
 
     def _resume(self) -> bool:
-        path = self.paths.latest
-        if not path.is_file():
+        found = prepare_run_folder(self.run_dir, map_location=self.device, main=self.dist.is_main)
+        if found is None:
             return False
-        state = load_checkpoint(path, map_location=self.device)
+        state, path = found
         self.model.load_state_dict(state["model"])
         try:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -260,6 +205,10 @@ class Trainer:
             log.warning("%s: world size / batch size changed mid-epoch; epoch %d restarts from its beginning",
                         path, self.epoch + 1)
             self.step_in_epoch = 0
+        partial = state.get("partial_epoch")
+        if self.step_in_epoch and partial and len(partial) == self.dist.world_size:
+            self._acc = dict(partial[self.dist.rank])
+            self._acc["t0"] = time.time() - self._acc.pop("time_s")
         if len(state["rng"]) == self.dist.world_size:
             restore_rng_state(state["rng"][self.dist.rank])
         else:
@@ -299,9 +248,10 @@ class Trainer:
         show = cfg.progress_bar and self.dist.is_main and sys.stderr.isatty()
         bar = tqdm(total=total_steps, initial=start, desc=f"epoch {epoch}/{cfg.epochs}", disable=not show,
                    dynamic_ncols=True, leave=False)
-        sums: Dict[str, torch.Tensor] = {}
-        window: Dict[str, torch.Tensor] = {}
-        n_window, n_steps, t0 = 0, 0, time.time()
+        if self._acc is None or not start:
+            self._acc = {"sums": {}, "steps": 0, "window": {}, "window_steps": 0, "t0": time.time()}
+        acc = self._acc  # running sums of the epoch (and of the log window); in mid-epoch checkpoints
+        sums, window = acc["sums"], acc["window"]
         for step, batch in enumerate(loader, start=start):
             if step >= total_steps:
                 break
@@ -317,21 +267,22 @@ class Trainer:
             self.optimizer.step()
             self.global_step += 1
             self.step_in_epoch = step + 1
-            n_steps += 1
-            n_window += 1
+            acc["steps"] += 1
+            acc["window_steps"] += 1
             for k, v in [("loss", loss.total)] + list(loss.parts.items()):
                 v = v.detach().float()
                 sums[k] = sums.get(k, 0.0) + v
                 window[k] = window.get(k, 0.0) + v
             bar.update(1)
             if self.global_step % cfg.log_every == 0:
-                means = {k: float(v) / n_window for k, v in window.items()}
+                means = {k: float(v) / acc["window_steps"] for k, v in window.items()}
                 bar.set_postfix(loss=f"{means['loss']:.4g}")
                 if self._log:
                     rec = {"epoch": epoch, "step": step + 1, "global_step": self.global_step,
                            "lr": float(self.optimizer.param_groups[0]["lr"]), **means}
                     self._log.record("step", rec, self.global_step, tb_prefix="train")
-                window, n_window = {}, 0
+                window.clear()
+                acc["window_steps"] = 0
             if cfg.checkpoint_every_steps and self.global_step % cfg.checkpoint_every_steps == 0 \
                     and step + 1 < total_steps:
                 self._save(epoch_file=False, best=False)
@@ -339,9 +290,10 @@ class Trainer:
         if self.step_in_epoch < total_steps:
             raise RuntimeError(f"epoch {epoch}: the data loader ended after {self.step_in_epoch} of "
                                f"{total_steps} steps (did the dataset length change?)")
-        means = D.all_reduce_means({k: float(v) for k, v in sums.items()}, float(n_steps))
+        self._acc = None
+        means = D.all_reduce_means({k: float(v) for k, v in sums.items()}, float(acc["steps"]))
         return {"train_" + k if k != "loss" else "train_loss": v for k, v in means.items()} | {
-            "steps": total_steps, "time_s": time.time() - t0}
+            "steps": total_steps, "time_s": time.time() - acc["t0"]}
 
     @torch.no_grad()
     def validate(self) -> Dict[str, float]:
@@ -393,9 +345,10 @@ class Trainer:
                     self.scheduler.step()
                 self.epoch, self.step_in_epoch = epoch, 0
                 self.history.append(record)
+                if self._log:  # before the checkpoint: a resume drops it if latest.pth never got written
+                    self._log.record("epoch", record, self.global_step, tb_prefix="epoch", durable=True)
                 self._save(epoch_file=True, best=improved)
                 if self._log:
-                    self._log.record("epoch", record, self.global_step, tb_prefix="epoch")
                     log.info("epoch %d/%d  %s", epoch, cfg.epochs, "  ".join(
                         f"{k} {v:.4g}" for k, v in record.items() if k.endswith("loss") or k == "time_s"))
         finally:

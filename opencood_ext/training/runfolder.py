@@ -1,0 +1,143 @@
+"""The run folder's write protocol, and what a (re)start does to make it consistent again.
+
+Write order at the end of epoch N (rank 0)::
+
+    1. the epoch record -> train_log.jsonl  (appended, flushed, fsynced)
+    2. checkpoints/epoch_N.pth
+    3. checkpoints/best.pth                 (when the validation loss improved)
+    4. checkpoints/latest.pth               <- the commit point
+
+Each file is replaced atomically (checkpoint.atomic_write_bytes), so a kill at
+any instant leaves every file either old or new, plus at most a temporary file.
+Everything written before latest.pth that latest.pth does not yet account for
+(log records past its step, an epoch file or best.pth of the epoch being
+saved) is "uncommitted" and is reconciled by :func:`prepare_run_folder` when
+the run starts again:
+
+* stale temporary files of dead writers are deleted;
+* the newest intact checkpoint is the resume point: latest.pth, or, when it is
+  missing or unreadable, the newest intact epoch_N.pth (logged as a warning);
+* train_log.jsonl keeps only the records the resume point accounts for (no
+  duplicate step or epoch records after a resume; a torn last line goes);
+* best.pth is made to hold the epoch the resume point records as best: copied
+  from that epoch's file, or removed when it came from an uncommitted epoch and
+  that file is gone.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Optional, Tuple
+
+from .checkpoint import CheckpointError, CheckpointPaths, UnsafeCheckpointError, atomic_write_bytes, load_checkpoint
+from .runlog import truncate_log
+
+log = logging.getLogger("opencood_ext.training")
+
+_TMP_NAME = re.compile(r"^\..+\.(\d+)\.[0-9a-f]+\.tmp$")  # atomic_write_bytes' temporary files
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours, and nothing of ours is writing while the run starts
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_tmp(*folders: Path) -> list:
+    """Delete temporary files a killed writer left in ``folders``; returns their paths."""
+    removed = []
+    for folder in folders:
+        if not Path(folder).is_dir():
+            continue
+        for p in Path(folder).iterdir():
+            m = _TMP_NAME.match(p.name)
+            if m and p.is_file() and not _pid_alive(int(m.group(1))):
+                p.unlink(missing_ok=True)
+                removed.append(p)
+    if removed:
+        log.warning("removed %d temporary file(s) a killed run left behind: %s", len(removed),
+                    ", ".join(p.name for p in removed))
+    return removed
+
+
+def find_resume_state(paths: CheckpointPaths, map_location="cpu") -> Optional[Tuple[dict, Path]]:
+    """``(state, file)`` of the newest intact checkpoint, or None for a fresh run.
+
+    latest.pth first; when it is missing or unreadable, the newest intact epoch file
+    (a warning names what was skipped). A file refused as unsafe is never skipped.
+    """
+    candidates = [paths.latest] + [p for _, p in sorted(paths.epoch_files().items(), reverse=True)]
+    problems = []
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            state = load_checkpoint(path, map_location=map_location)
+        except UnsafeCheckpointError:
+            raise
+        except CheckpointError as exc:
+            problems.append(str(exc))
+            continue
+        if problems:
+            log.warning("resuming from %s, the newest intact checkpoint; skipped: %s", path, "; ".join(problems))
+        return state, path
+    if problems:
+        raise CheckpointError("no intact checkpoint to resume from: " + "; ".join(problems))
+    return None
+
+
+def _best_epoch(state: dict) -> Optional[int]:
+    best = state.get("best_val")
+    if best is None:
+        return None
+    hits = [h["epoch"] for h in state.get("history", []) if h.get("val_loss") == best]
+    return hits[-1] if hits else None
+
+
+def reconcile_best(paths: CheckpointPaths, state: Optional[dict]) -> None:
+    """Make best.pth hold the epoch ``state`` (the resume point) records as best."""
+    want = _best_epoch(state) if state else None
+    have = None
+    if paths.best.is_file():
+        try:
+            have = load_checkpoint(paths.best, required=("epoch",))["epoch"]
+        except UnsafeCheckpointError:
+            raise
+        except CheckpointError as exc:
+            log.warning("%s", exc)
+            have = -1
+    if have == want:
+        return
+    source = paths.epoch(want) if want is not None else None
+    if source is not None and source.is_file():
+        atomic_write_bytes(paths.best, source.read_bytes())
+        log.warning("%s held epoch %s, but the resume point's best is epoch %d: restored it from %s",
+                    paths.best, have, want, source.name)
+    elif have is not None and (want is None or have == -1 or have > state["epoch"]):
+        paths.best.unlink()
+        log.warning("removed %s (epoch %s): it was not the best of the epochs the resume point records",
+                    paths.best, have)
+
+
+def prepare_run_folder(run_dir: Path, map_location="cpu", main: bool = True) -> Optional[Tuple[dict, Path]]:
+    """Clean up after a kill and find the resume point (see the module docstring).
+
+    Every rank calls it (each loads the resume state); only ``main`` (rank 0) changes files.
+    """
+    paths = CheckpointPaths(run_dir)
+    if main:
+        clean_stale_tmp(Path(run_dir), paths.dir)
+    found = find_resume_state(paths, map_location)
+    if main:
+        state = found[0] if found else None
+        truncate_log(run_dir, state["global_step"] if state else 0, state["epoch"] if state else 0)
+        reconcile_best(paths, state)
+    return found

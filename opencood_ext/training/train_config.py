@@ -1,0 +1,74 @@
+"""The ``train:`` section of an experiment: :class:`TrainConfig`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Literal, Optional
+
+
+@dataclass
+class TrainConfig:
+    """Training schedule and engine settings (the ``train:`` section of an experiment yaml).
+
+    epochs: total epochs (a resumed run stops there too).
+    batch_size: samples per optimizer step PER PROCESS; val_batch_size defaults to it.
+    num_workers: DataLoader worker processes (0 loads in the training process).
+    optimizer / lr / weight_decay / momentum (sgd only).
+    lr_scheduler: None (constant), "multistep" (x gamma at each epoch in
+    milestones) or "cosine" (to min_lr at the last epoch); stepped per epoch.
+    grad_clip: max global L2 norm of the trainable gradients, None = off.
+    log_every: steps between log lines / tensorboard points.
+    val_every: validate every N epochs and after the last one; 0 = never.
+    max_val_batches: per-process cap on validation batches (quick runs), None = all.
+    seed: seeds python/numpy/torch (+ rank) and the per-epoch sample order.
+    shuffle / drop_last: train sample order and incomplete last batch.
+    max_steps_per_epoch: cap on optimizer steps per epoch (quick runs), None = full epoch.
+    checkpoint_every_steps: also write latest.pth every N global steps (mid-epoch resume).
+    keep_epoch_checkpoints: keep only the newest N epoch_*.pth, None = all.
+    find_unused_parameters: DDP flag for models whose trainable parameters do
+    not all take part in every forward (heterogeneous agent mixes).
+    progress_bar: tqdm bar on rank 0 when stderr is a terminal.
+    """
+    epochs: int = 10
+    batch_size: int = 2
+    val_batch_size: Optional[int] = None
+    num_workers: int = 0
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    lr_scheduler: Optional[Literal["multistep", "cosine"]] = None
+    milestones: List[int] = field(default_factory=list)
+    gamma: float = 0.1
+    min_lr: float = 0.0
+    grad_clip: Optional[float] = None
+    log_every: int = 10
+    val_every: int = 1
+    max_val_batches: Optional[int] = None
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+    max_steps_per_epoch: Optional[int] = None
+    checkpoint_every_steps: Optional[int] = None
+    keep_epoch_checkpoints: Optional[int] = None
+    find_unused_parameters: bool = False
+    progress_bar: bool = True
+
+    def __post_init__(self):
+        def bad(name, rule):
+            return ValueError(f"TrainConfig.{name} must be {rule}, got {getattr(self, name)!r}")
+        for name in ("epochs", "batch_size", "log_every"):
+            if getattr(self, name) <= 0:
+                raise bad(name, "> 0")
+        for name in ("val_batch_size", "max_val_batches", "max_steps_per_epoch", "checkpoint_every_steps",
+                     "keep_epoch_checkpoints", "grad_clip"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise bad(name, "> 0 or None")
+        for name in ("num_workers", "val_every", "lr", "weight_decay", "min_lr", "momentum"):
+            if getattr(self, name) < 0:
+                raise bad(name, ">= 0")
+        if self.optimizer not in ("adam", "adamw", "sgd"):
+            raise bad("optimizer", "adam, adamw or sgd")
+        if self.lr_scheduler not in (None, "multistep", "cosine"):
+            raise bad("lr_scheduler", "None, multistep or cosine")
+        if self.lr_scheduler == "multistep" and (not self.milestones or self.milestones != sorted(self.milestones)):
+            raise bad("milestones", "a non-empty increasing list of epochs for lr_scheduler=multistep")
