@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     from opencood_ext.training.onboarding import build_onboarding_model, plan_onboarding, trainable_per_type
     from opencood_ext.training.runlog import training_wall_time
     from opencood_ext.training import distributed as D
-    from opencood_ext.training.checkpoint import seed_everything
+    from opencood_ext.training.checkpoint import CheckpointError, seed_everything
     from opencood_ext.training.trainer import Trainer
 
     try:
@@ -56,6 +56,11 @@ def main(argv=None) -> int:
     train_set = build_dataset(cfg, cfg.data.train_split, train=True)
     val_set = build_dataset(cfg, cfg.data.val_split, train=False) if cfg.train.val_every else None
     trainer = Trainer(model, train_set, val_set, collate, cfg.train, args.out, param_filter=policy)
+    try:
+        trainer.restore()  # a rerun whose run folder does not fit fails here, before config.yaml is written
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     summary = policy.summary(model)
     if D.is_main_process():
         args.out.mkdir(parents=True, exist_ok=True)

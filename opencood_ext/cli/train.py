@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     from opencood_ext.experiment import build_dataset, build_model, collate, load_experiment
     from opencood_ext.interop.runs import load_experiment_any  # ours, or an OpenCOOD/HEAL hypes yaml
     from opencood_ext.training import distributed as D
-    from opencood_ext.training.checkpoint import seed_everything
+    from opencood_ext.training.checkpoint import CheckpointError, seed_everything
     from opencood_ext.training.trainer import Trainer
 
     resume_cfg = args.model_dir / "config.yaml" if args.model_dir else None
@@ -60,6 +60,11 @@ def main(argv=None) -> int:
     train_set = build_dataset(cfg, cfg.data.train_split, train=True)
     val_set = build_dataset(cfg, cfg.data.val_split, train=False) if cfg.train.val_every else None
     trainer = Trainer(model, train_set, val_set, collate, cfg.train, run_dir)
+    try:
+        trainer.restore()  # a resume that does not fit fails here, before config.yaml is written
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if D.is_main_process():
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, run_dir / "config.yaml")

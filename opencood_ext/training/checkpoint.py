@@ -245,6 +245,28 @@ def _as_tuples(value):
 
 
 # ---------------------------------------------------------------- model weights
+def _few(keys: list, n: int = 3) -> str:
+    return ", ".join(keys[:n]) + (f" (+{len(keys) - n} more)" if len(keys) > n else "")
+
+
+def check_weights_fit(model: nn.Module, weights: Mapping[str, torch.Tensor], path, strict: bool = True) -> None:
+    """Raise a one-line :class:`CheckpointError` naming ``path`` and the keys when ``weights``
+    (a state dict) cannot load into ``model``: shapes that differ, and with ``strict`` keys
+    missing on either side."""
+    own = model.state_dict()
+    shape = [f"{k} {tuple(weights[k].shape)} vs {tuple(own[k].shape)}" for k in weights
+             if k in own and tuple(weights[k].shape) != tuple(own[k].shape)]
+    missing = [k for k in own if k not in weights] if strict else []
+    unexpected = [k for k in weights if k not in own] if strict else []
+    if not (shape or missing or unexpected):
+        return
+    parts = ([f"{len(shape)} key(s) differ in shape (checkpoint vs model): {_few(shape)}"] if shape else []) + \
+        ([f"{len(missing)} model key(s) missing from the checkpoint: {_few(missing)}"] if missing else []) + \
+        ([f"{len(unexpected)} checkpoint key(s) not in the model: {_few(unexpected)}"] if unexpected else [])
+    raise CheckpointError(f"{path}: field 'model' does not fit the {type(model).__name__} built from this "
+                          f"config (was it trained with other model settings?): " + "; ".join(parts))
+
+
 def load_model_state(model: nn.Module, path: str | os.PathLike,
                      prefix_map: Optional[Mapping[str, str]] = None, strict: bool = True) -> list:
     """Load weights from a checkpoint (or a bare state dict file) into ``model``.
@@ -263,10 +285,8 @@ def load_model_state(model: nn.Module, path: str | os.PathLike,
     weights = state["model"] if "model" in state and isinstance(state["model"], dict) else state
     weights = {k[len("module."):] if k.startswith("module.") else k: v for k, v in weights.items()}
     if prefix_map is None:
-        try:
-            result = model.load_state_dict(weights, strict=strict)
-        except RuntimeError as exc:
-            raise CheckpointError(f"{path}: field 'model' does not fit {type(model).__name__}: {exc}") from None
+        check_weights_fit(model, weights, path, strict)
+        result = model.load_state_dict(weights, strict=strict)
         missing = set(result.missing_keys)
         return [k for k in model.state_dict() if k not in missing]
     picked = {}

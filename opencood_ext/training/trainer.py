@@ -64,8 +64,8 @@ from tqdm import tqdm
 
 from ..models.losses import LossOutput
 from . import distributed as D
-from .checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointPaths, capture_rng_state, restore_rng_state,
-                         save_checkpoint, seed_everything)
+from .checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointPaths, capture_rng_state, check_weights_fit,
+                         restore_rng_state, save_checkpoint, seed_everything)
 from .freeze import PolicyLike, resolve_policy
 from .runfolder import prepare_run_folder
 from .runlog import RunLog
@@ -149,6 +149,7 @@ class Trainer:
         self.history: List[dict] = []
         self._log: Optional[RunLog] = None
         self._acc: Optional[dict] = None  # the running epoch's sums (see _train_epoch)
+        self._restored: Optional[bool] = None  # restore() ran: whether it found a resume point
         if self.steps_per_epoch() == 0:
             raise ValueError(f"Trainer: {len(train_set)} train samples over {self.dist.world_size} process(es) "
                              f"make no full batch of {config.batch_size} (drop_last=True)")
@@ -179,11 +180,22 @@ class Trainer:
         if epoch_file and self.config.keep_epoch_checkpoints:
             self.paths.prune_epochs(self.config.keep_epoch_checkpoints)
 
+    def restore(self) -> bool:
+        """Load the run folder's resume point (if any) into model, optimizer, scheduler,
+        counters and RNG; True when there was one. ``fit()`` calls it; call it earlier to find
+        out whether the run folder fits this model before writing anything (tools/train.py
+        does, before it saves config.yaml). A checkpoint that does not fit raises a one-line
+        :class:`CheckpointError` naming the file and the keys. Idempotent."""
+        if self._restored is None:
+            self._restored = self._resume()
+        return self._restored
+
     def _resume(self) -> bool:
         found = prepare_run_folder(self.run_dir, map_location=self.device, main=self.dist.is_main)
         if found is None:
             return False
         state, path = found
+        check_weights_fit(self.model, state["model"], path)
         self.model.load_state_dict(state["model"])
         try:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -321,7 +333,7 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Train to ``config.epochs`` (resuming from ``run_dir`` when it holds latest.pth)."""
         t0, cfg = time.time(), self.config
-        resumed = self._resume()
+        resumed = self.restore()
         if not resumed:
             seed_everything(cfg.seed + self.dist.rank)
         if self.dist.is_main:
