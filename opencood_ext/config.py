@@ -11,7 +11,9 @@ A config file is plain YAML whose keys mirror a dataclass schema::
 * Every key is checked against the schema: an unknown key fails with the file
   that set it, the key path and the closest valid key.
 * Values are type-checked against the dataclass annotations (int, float, bool,
-  str, Optional, Literal, List, Tuple, Dict, nested dataclasses). A field typed
+  str, Optional, Literal, List, Tuple, Dict, nested dataclasses). A float must be
+  finite (``.inf`` / ``.nan`` are refused) unless its field opts out with
+  ``field(metadata={NONFINITE_OK: True})``. A field typed
   ``dict`` is a component spec (``{type: name, ...constructor args}``) checked
   later by the registry that builds it.
 * ``--set a.b=value`` overrides (value parsed as YAML) go through the same checks.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -36,6 +39,9 @@ import yaml
 
 class ConfigError(ValueError):
     """A config problem; the message names the file and the key path."""
+
+
+NONFINITE_OK = "nonfinite_ok"  # dataclass field metadata: this float field may be inf / nan
 
 
 _SCI_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -165,7 +171,7 @@ def _type_name(tp) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _convert(value, tp, path: Tuple[str, ...], prov: _Prov):
+def _convert(value, tp, path: Tuple[str, ...], prov: _Prov, finite: bool = True):
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any or tp is object:
@@ -178,9 +184,11 @@ def _convert(value, tp, path: Tuple[str, ...], prov: _Prov):
             if arg is type(None):
                 continue
             try:
-                return _convert(value, arg, path, prov)
+                return _convert(value, arg, path, prov, finite)
             except ConfigError as exc:
-                errors.append(str(exc))
+                errors.append(exc)
+        if len(errors) == 1:  # Optional[X]: X's own message says more
+            raise errors[0]
         raise _err(prov, path, f"expected {_type_name(tp)}, got {value!r}")
     if origin is typing.Literal:
         if value not in args:
@@ -196,21 +204,21 @@ def _convert(value, tp, path: Tuple[str, ...], prov: _Prov):
         if not isinstance(value, list):
             raise _err(prov, path, f"expected a list, got {value!r}")
         inner = args[0] if args else Any
-        return [_convert(v, inner, path + (str(i),), prov) for i, v in enumerate(value)]
+        return [_convert(v, inner, path + (str(i),), prov, finite) for i, v in enumerate(value)]
     if origin in (tuple, Tuple) or tp is tuple:
         if not isinstance(value, (list, tuple)):
             raise _err(prov, path, f"expected a list, got {value!r}")
         if args and len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_convert(v, args[0], path + (str(i),), prov) for i, v in enumerate(value))
+            return tuple(_convert(v, args[0], path + (str(i),), prov, finite) for i, v in enumerate(value))
         if args and len(args) != len(value):
             raise _err(prov, path, f"expected {len(args)} values, got {len(value)}: {value!r}")
         inner = args or (Any,) * len(value)
-        return tuple(_convert(v, t, path + (str(i),), prov) for i, (v, t) in enumerate(zip(value, inner)))
+        return tuple(_convert(v, t, path + (str(i),), prov, finite) for i, (v, t) in enumerate(zip(value, inner)))
     if origin in (dict, Dict) or tp is dict:
         if not isinstance(value, dict):
             raise _err(prov, path, f"expected a mapping, got {value!r}")
         vt = args[1] if args else Any
-        return {k: _convert(v, vt, path + (str(k),), prov) for k, v in value.items()}
+        return {k: _convert(v, vt, path + (str(k),), prov, finite) for k, v in value.items()}
     if tp is bool:
         if not isinstance(value, bool):
             raise _err(prov, path, f"expected true/false, got {value!r}")
@@ -222,9 +230,11 @@ def _convert(value, tp, path: Tuple[str, ...], prov: _Prov):
     if tp is float:
         if isinstance(value, str) and _SCI_FLOAT.fullmatch(value.strip()):
             # PyYAML (YAML 1.1) reads `2e-3` as a string; accept it as the number meant.
-            return float(value)
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _err(prov, path, f"expected a number, got {value!r}")
+        if finite and not math.isfinite(value):
+            raise _err(prov, path, f"must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -248,7 +258,8 @@ def _build_dataclass(cls, value, path: Tuple[str, ...], prov: _Prov):
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {sorted(fields)}"
             raise _err(prov, path + (str(key),), f"unknown key for {cls.__name__}{hint}")
-        kwargs[key] = _convert(val, hints[key], path + (str(key),), prov)
+        finite = not fields[key].metadata.get(NONFINITE_OK, False)
+        kwargs[key] = _convert(val, hints[key], path + (str(key),), prov, finite)
     missing = [n for n, f in fields.items() if n not in kwargs
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:

@@ -1,6 +1,7 @@
 """The ``train:`` section of an experiment: :class:`TrainConfig`."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional
 
@@ -56,6 +57,10 @@ class TrainConfig:
     def __post_init__(self):
         def bad(name, rule):
             return ValueError(f"TrainConfig.{name} must be {rule}, got {getattr(self, name)!r}")
+        for name in ("lr", "weight_decay", "momentum", "gamma", "min_lr", "grad_clip"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise bad(name, "a finite number")
         for name in ("epochs", "batch_size", "log_every"):
             if getattr(self, name) <= 0:
                 raise bad(name, "> 0")

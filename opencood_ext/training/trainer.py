@@ -41,7 +41,8 @@ shards the data with ``DistributedSampler`` and wraps the model in
 ``DistributedDataParallel``. ``batch_size`` is per process. Call
 ``distributed.cleanup()`` at the end of the script. A non-finite loss raises
 FloatingPointError on the rank that sees it (the others then stop at the
-process group's timeout).
+process group's timeout); non-finite weights raise it before any checkpoint or
+epoch record is written, so a run folder never holds NaN/Inf weights.
 """
 from __future__ import annotations
 
@@ -163,7 +164,18 @@ class Trainer:
                 "world_size": self.dist.world_size, "batch_size": self.config.batch_size,
                 "config": dataclasses.asdict(self.config)}
 
+    def _check_finite(self) -> None:
+        """Refuse to go on (and to checkpoint) with NaN/Inf weights; every rank holds the same
+        weights, so every rank raises alike (no rank is left waiting in a collective)."""
+        bad = [k for k, v in self.model.state_dict().items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        if bad:
+            raise FloatingPointError(
+                f"{self.run_dir}: {len(bad)} model tensor(s) hold NaN/Inf after epoch {self.epoch} step "
+                f"{self.step_in_epoch} (global step {self.global_step}), e.g. {', '.join(bad[:3])}; nothing saved, "
+                f"{self.paths.latest.name} keeps the last finite state (lower train.lr or set train.grad_clip)")
+
     def _save(self, epoch_file: bool, best: bool) -> None:
+        self._check_finite()
         partial = None
         if self._acc is not None:  # mid-epoch: the running sums, so the resumed epoch's means are whole
             partial = {k: dict(v) if isinstance(v, dict) else v for k, v in self._acc.items()}
@@ -357,6 +369,7 @@ class Trainer:
                     self.scheduler.step()
                 self.epoch, self.step_in_epoch = epoch, 0
                 self.history.append(record)
+                self._check_finite()  # before the epoch record: an epoch with NaN weights is not logged as done
                 if self._log:  # before the checkpoint: a resume drops it if latest.pth never got written
                     self._log.record("epoch", record, self.global_step, tb_prefix="epoch", durable=True)
                 self._save(epoch_file=True, best=improved)
