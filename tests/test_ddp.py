@@ -88,3 +88,35 @@ def test_torchrun_two_ranks_gloo(tmp_path):
     with torch.no_grad():
         errs = [float(model(toy_training.collate([val[i]])).squeeze() - val[i][2]) ** 2 for i in range(5)]
     assert r0["history"][-1]["val_loss"] == pytest.approx(sum(errs) / 5, rel=1e-5)
+
+
+def test_the_configured_timeout_reaches_the_process_group(monkeypatch, tmp_path):
+    """TrainConfig.dist_timeout_s is what init_process_group gets (a stalled rank fails the
+    others after it); the default is 10 minutes, not the 30 it used to be."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from opencood_ext.training import TrainConfig, Trainer
+    from toy_training import ToyDataset, ToyModel, collate
+
+    class _Joined(Exception):
+        pass
+
+    got = {}
+
+    def fake_init(**kw):
+        got.update(kw)
+        raise _Joined
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", fake_init)
+    for cfg, seconds in ((TrainConfig(dist_timeout_s=42.5), 42.5), (TrainConfig(), 600.0)):
+        with pytest.raises(_Joined):
+            Trainer(ToyModel(), ToyDataset(4), None, collate, cfg, tmp_path, device="cpu")
+        assert got["timeout"] == datetime.timedelta(seconds=seconds) and got["backend"] == "gloo"
+    with pytest.raises(ValueError, match="dist_timeout_s must be > 0"):
+        TrainConfig(dist_timeout_s=0)

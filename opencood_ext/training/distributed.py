@@ -58,8 +58,11 @@ def _env_int(name: str) -> Optional[int]:
         raise ValueError(f"environment variable {name}={raw!r}: expected an integer (set by torchrun)") from None
 
 
-def init_distributed(device: Optional[str | torch.device] = None, timeout_s: float = 1800.0) -> DistInfo:
+def init_distributed(device: Optional[str | torch.device] = None, timeout_s: float = 600.0) -> DistInfo:
     """Join the torchrun process group (idempotent) and pick this process's device.
+
+    timeout_s: how long a collective waits for a stalled rank before failing on the others
+    (the trainer passes ``TrainConfig.dist_timeout_s``; see there for what a user sees).
 
     device: None picks ``cuda:LOCAL_RANK`` when CUDA is available, else CPU.
     An explicit CUDA device without an index gets ``LOCAL_RANK`` as index.

@@ -28,6 +28,14 @@ class TrainConfig:
     find_unused_parameters: DDP flag for models whose trainable parameters do
     not all take part in every forward (heterogeneous agent mixes).
     progress_bar: tqdm bar on rank 0 when stderr is a terminal.
+    dist_timeout_s: DDP only: how long a rank waits in a collective (gradient all-reduce,
+    checkpoint RNG gather, validation sums) for the others. When a rank stalls (paused,
+    swapping, stuck on I/O), every other rank fails after this many seconds with a
+    torch.distributed error naming the timed-out operation (gloo: "Timed out waiting
+    ...ms for recv operation to complete"); torchrun then stops the job with a
+    ChildFailedError. Nothing is lost beyond the last checkpoint: rerun the same command
+    to resume. Keep it above the longest gap between collectives (one training step, or
+    rank 0 writing a checkpoint).
     """
     epochs: int = 10
     batch_size: int = 2
@@ -53,17 +61,20 @@ class TrainConfig:
     keep_epoch_checkpoints: Optional[int] = None
     find_unused_parameters: bool = False
     progress_bar: bool = True
+    dist_timeout_s: float = 600.0
 
     def __post_init__(self):
         def bad(name, rule):
             return ValueError(f"TrainConfig.{name} must be {rule}, got {getattr(self, name)!r}")
-        for name in ("lr", "weight_decay", "momentum", "gamma", "min_lr", "grad_clip"):
+        for name in ("lr", "weight_decay", "momentum", "gamma", "min_lr", "grad_clip", "dist_timeout_s"):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise bad(name, "a finite number")
         for name in ("epochs", "batch_size", "log_every"):
             if getattr(self, name) <= 0:
                 raise bad(name, "> 0")
+        if self.dist_timeout_s <= 0:
+            raise bad("dist_timeout_s", "> 0 seconds")
         for name in ("val_batch_size", "max_val_batches", "max_steps_per_epoch", "checkpoint_every_steps",
                      "keep_epoch_checkpoints", "grad_clip"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:

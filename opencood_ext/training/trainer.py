@@ -41,7 +41,7 @@ shards the data with ``DistributedSampler`` and wraps the model in
 ``DistributedDataParallel``. ``batch_size`` is per process. Call
 ``distributed.cleanup()`` at the end of the script. A non-finite loss raises
 FloatingPointError on the rank that sees it (the others then stop at the
-process group's timeout); non-finite weights raise it before any checkpoint or
+process group's timeout, ``TrainConfig.dist_timeout_s``); non-finite weights raise it before any checkpoint or
 epoch record is written, so a run folder never holds NaN/Inf weights.
 """
 from __future__ import annotations
@@ -131,7 +131,7 @@ class Trainer:
             raise ValueError("Trainer: train_set is empty")
         self.config, self.run_dir = config, Path(run_dir)
         self.train_set, self.val_set, self.collate_fn = train_set, val_set, collate_fn
-        self.dist = D.init_distributed(device)
+        self.dist = D.init_distributed(device, timeout_s=config.dist_timeout_s)
         self.device = self.dist.device
         self.model = model.to(self.device)
         self.policy = resolve_policy(param_filter)
