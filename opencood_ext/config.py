@@ -62,15 +62,78 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+MAX_YAML_NODES = 100_000  # a config may expand to this many YAML nodes, every alias counted in full
+
+
+def _expanded_size(node, where: str) -> int:
+    """Nodes ``node`` stands for once every alias is expanded. A recursive alias (an anchor
+    used inside itself) or an expansion beyond MAX_YAML_NODES (alias fan-out, "billion
+    laughs": 265 bytes can stand for millions of nodes) raises a ConfigError. Linear in the
+    number of distinct nodes (sizes of shared nodes are memoised)."""
+    sizes: Dict[int, int] = {}
+    active: set = set()
+
+    def size(n) -> int:
+        if id(n) in sizes:
+            return sizes[id(n)]
+        if id(n) in active:
+            raise ConfigError(f"{where}: line {n.start_mark.line + 1}: recursive YAML alias (an anchor used "
+                              f"inside its own value)")
+        active.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in n.value)
+        elif isinstance(n, yaml.SequenceNode):
+            total = 1 + sum(size(v) for v in n.value)
+        else:
+            total = 1
+        active.discard(id(n))
+        if total > MAX_YAML_NODES:
+            raise ConfigError(f"{where}: line {n.start_mark.line + 1}: YAML aliases expand this value to more than "
+                              f"{MAX_YAML_NODES:,} nodes; write the values out instead of nesting aliases")
+        sizes[id(n)] = total
+        return total
+
+    return size(node)
+
+
+def _yaml_error(exc: yaml.YAMLError) -> str:
+    """A YAML error as one line: the problem and where."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return " ".join(f"{problem}{where}".split())
+
+
+def safe_yaml(text: str, where: str):
+    """Parse YAML text (duplicate keys, recursive aliases and alias fan-out refused); ConfigError
+    naming ``where`` on any problem."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, where)
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: invalid YAML: {_yaml_error(exc)}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: YAML nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
 def _read_yaml(path: Path) -> dict:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory; give the experiment's .yaml file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from None
+    data = safe_yaml(text, str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -138,10 +201,7 @@ def apply_overrides(data: dict, prov: _Prov, overrides: Sequence[str]) -> None:
         keys = [k for k in key.strip().split(".") if k]
         if not keys:
             raise ConfigError(f"--set {item!r}: empty key")
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {item!r}: value is not valid YAML: {exc}") from None
+        value = safe_yaml(raw, f"--set {item!r}: value")
         node = data
         for i, k in enumerate(keys[:-1]):
             nxt = node.get(k)

@@ -108,6 +108,14 @@ class DataConfig:
     collaborator_frame: Literal["own", "ego"] = "own"
     cache_dir: Optional[str] = None
 
+    def __post_init__(self):
+        if not self.comm_range > 0:  # also refuses NaN
+            raise ValueError(f"DataConfig.comm_range must be > 0 metres (collaborators farther from the ego "
+                             f"are left out), got {self.comm_range!r}")
+        if self.max_agents < 1:
+            raise ValueError(f"DataConfig.max_agents must be >= 1 (it counts the ego; 1 = the ego alone), "
+                             f"got {self.max_agents!r}")
+
 
 @dataclass
 class AgentInput:
