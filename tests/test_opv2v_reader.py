@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opencood_ext.data.errors import DataFormatError
+from opencood_ext.data.errors import DataFormatError, SkippedFrame
 from opencood_ext.data.formats import (OPV2VReader, get_reader, write_data_protocol, write_modality_json,
                                        write_opv2v_frame)
 from opencood_ext.data.frame import AgentObs, CameraObs, Frame, ObjectLabel
@@ -269,7 +269,9 @@ def test_missing_yaml_key_and_skip_bad(tmp_path, caplog):
     assert str(bad_yaml) in str(ei.value) and "[lidar_pose]" in str(ei.value)
     skipping = OPV2VReader(tmp_path, "train", skip_bad=True)
     with caplog.at_level(logging.WARNING):
-        frame = skipping[0]
+        with pytest.raises(SkippedFrame, match="lidar_pose"):  # no other frame stands in for it
+            skipping[0]
+        frame = skipping[1]
     assert frame.timestamp == "000002" and skipping.skipped == 1
     assert "000001.yaml" in caplog.text and "lidar_pose" in caplog.text
     assert [f.timestamp for f in skipping] == ["000002"] and skipping.skipped == 1
@@ -285,7 +287,8 @@ def test_bad_object_and_truncated_pcd(tmp_path, caplog):
     pcd.write_bytes(pcd.read_bytes()[:-10])
     reader = OPV2VReader(tmp_path, "train", skip_bad=True)
     with caplog.at_level(logging.WARNING):
-        with pytest.raises(DataFormatError, match="all 2 frames are bad"):
+        assert list(reader) == []
+        with pytest.raises(SkippedFrame, match="truncated"):
             reader[0]
     assert reader.skipped == 2 and "truncated" in caplog.text
 

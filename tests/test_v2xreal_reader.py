@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import yaml
 
-from opencood_ext.data.errors import DataFormatError
+from opencood_ext.data.errors import DataFormatError, SkippedFrame
 from opencood_ext.data.formats import V2XREAL_SUPERCLASS, V2XRealReader, get_reader, superclass
 from opencood_ext.data.formats.v2xreal import read_bin
 from opencood_ext.data.ground_truth import frame_ground_truth
@@ -126,7 +126,9 @@ def test_bad_bin_and_skip(tmp_path, caplog):
     assert str(bad) in str(ei.value) and "16-byte" in str(ei.value)
     reader = V2XRealReader(root, "train", skip_bad=True)
     with caplog.at_level(logging.WARNING):
-        assert reader[0].timestamp == "000001"
+        with pytest.raises(SkippedFrame, match="000000.bin"):
+            reader[0]
+        assert reader[1].timestamp == "000001"
     assert reader.skipped == 1 and "000000.bin" in caplog.text
     with pytest.raises(DataFormatError, match="split 'test' not found"):
         V2XRealReader(root, "test")

@@ -94,10 +94,15 @@ class Batch:
             points=[None if p is None else p.to(device) for p in self.points])
 
 
-def collate_samples(samples: List[Sample]) -> Batch:
-    """Group agents by type; see :class:`Batch`."""
+def collate_samples(samples: List[Optional[Sample]]) -> Optional[Batch]:
+    """Group agents by type; see :class:`Batch`. ``None`` samples (bad frames a dataset with
+    ``skip_bad_frames`` left out) are dropped; a batch of nothing but them collates to None,
+    which the training and evaluation loops skip."""
     if not samples:
         raise ValueError("collate_samples got an empty list")
+    samples = [s for s in samples if s is not None]
+    if not samples:
+        return None
     flat = [a for s in samples for a in s.agents]
     types = [a.agent_type for a in flat]
     inputs: Dict[str, Union[LidarInput, CameraInput]] = {}

@@ -16,6 +16,13 @@ turns each Frame into a :class:`Sample`:
 ``cooperation`` chooses what a sample holds: ``"all"`` (late and intermediate
 fusion), ``"ego_only"`` (no fusion) or ``"early"`` (every LiDAR agent's points
 moved into the ego frame and merged into one cloud, voxelised as the ego's type).
+
+Bad data raises :class:`~opencood_ext.data.errors.DataFormatError` naming the file
+(the reader's, or the dataset's own: a missing reduced-beam scan, a frame without
+an alliance agent). With ``skip_bad_frames`` the sample of such a frame is
+``None`` (logged once): :func:`~opencood_ext.data.batch.collate_samples` leaves it
+out of its batch, so an epoch sees every good frame exactly once and no frame
+twice.
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ from torch.utils.data import Dataset
 
 from ..geometry import invert_transform, transform_points
 from .augment import AugmentConfig, sample_augmentation
+from .errors import DataFormatError, SkippedFrame
 from .frame import VEHICLE_CLASSES, AgentObs, Frame
 from .ground_truth import frame_ground_truth
 from .voxelize import VoxelData, Voxelizer
@@ -228,6 +236,12 @@ class CooperativeDataset(Dataset):
                                               spec.max_points_per_voxel, spec.max_voxels)
         if cooperation == "early" and not any(t.sensor == "lidar" for t in cfg.agent_types.values()):
             raise ValueError("early fusion merges LiDAR points, but data.agent_types has no LiDAR type")
+        self.skipped: set = set()  # indices of frames left out (skip_bad_frames), in this process
+
+    @property
+    def may_skip(self) -> bool:
+        """True when a sample may be None (a bad frame left out, ``skip_bad_frames``)."""
+        return bool(self.cfg.skip_bad_frames)
 
     def __len__(self) -> int:
         n = len(self.reader)
@@ -251,9 +265,9 @@ class CooperativeDataset(Dataset):
         tell which objects only a collaborator sees)."""
         members = [a for a in frame.agents if a.agent_type in self.cfg.agent_types]
         if not members:
-            raise ValueError(f"{frame.source or frame.scenario}/{frame.timestamp}: no agent of the "
-                             f"alliance types {sorted(self.cfg.agent_types)}; agent types here are "
-                             f"{sorted({a.agent_type for a in frame.agents})}")
+            raise DataFormatError(frame.source or frame.scenario, f"frame {frame.timestamp}: no agent of the "
+                                  f"alliance types {sorted(self.cfg.agent_types)}; agent types here are "
+                                  f"{sorted({a.agent_type for a in frame.agents})}")
         if self.train and self.cfg.random_ego:
             # any VEHICLE may be ego; a roadside unit's LiDAR sits metres higher, so the z range and
             # anchors of a vehicle ego do not fit it (the evaluation ego is always a vehicle)
@@ -271,13 +285,19 @@ class CooperativeDataset(Dataset):
         return [ego] + others[: max(self.cfg.max_agents - 1, 0)]
 
     # ------------------------------------------------------------------ per type
-    def lidar_points(self, agent: AgentObs, beams: int) -> np.ndarray:
-        """The agent's scan with ``beams`` rings (N, 4) in its own LiDAR frame."""
+    def lidar_points(self, agent: AgentObs, beams: int, frame: Optional[Frame] = None) -> np.ndarray:
+        """The agent's scan with ``beams`` rings (N, 4) in its own LiDAR frame; a missing
+        reduced scan is a DataFormatError naming the agent and, given its ``frame``, the file."""
         if beams == 64:
             return agent.lidar
         if beams not in agent.lidar_beams:
-            raise ValueError(f"agent {agent.agent_id} ({agent.agent_type}) needs the {beams}-beam scan "
-                             f"(OPV2V-H '_{beams}.pcd'), which this dataset does not have")
+            if frame is None:
+                raise DataFormatError(f"agent {agent.agent_id} ({agent.agent_type})", f"needs its {beams}-beam "
+                                      f"scan (OPV2V-H '_{beams}.pcd'), which is missing")
+            raise DataFormatError(frame.source or frame.scenario, f"agent {agent.agent_id} ({agent.agent_type}) "
+                                  f"needs its {beams}-beam scan '{agent.agent_id}/{frame.timestamp}_{beams}.pcd' "
+                                  f"(OPV2V-H; looked in the agent's folder and hetero_root), which is missing",
+                                  key=f"agent {agent.agent_id}")
         return agent.lidar_beams[beams]
 
     @staticmethod
@@ -354,7 +374,19 @@ class CooperativeDataset(Dataset):
         return out, times
 
     # ------------------------------------------------------------------ item
-    def __getitem__(self, index: int) -> Sample:
+    def __getitem__(self, index: int) -> Optional[Sample]:
+        """The sample of frame ``index``; None for a bad frame when ``skip_bad_frames`` is set."""
+        try:
+            return self._sample(index)
+        except DataFormatError as exc:
+            if not self.cfg.skip_bad_frames:
+                raise
+            if index not in self.skipped and not isinstance(exc, SkippedFrame):  # the reader logged its own
+                log.warning("skipping bad frame %d: %s", index, exc)
+            self.skipped.add(index)
+            return None
+
+    def _sample(self, index: int) -> Sample:
         frame = self.read_frame(index)
         # training draws follow torch's RNG (seeded per run and worker by the trainer), so each
         # epoch sees new augmentations; evaluation draws nothing random.
@@ -377,7 +409,8 @@ class CooperativeDataset(Dataset):
                 spec = self.cfg.agent_types[a.agent_type]
                 if spec.sensor != "lidar":
                     continue  # a camera agent has no points to send
-                pts = np.asarray(self.lidar_points(a, spec.lidar_beams), dtype=np.float32)
+                pts = np.asarray(self.lidar_points(a, spec.lidar_beams, frame if ts == times[0] else None),
+                                 dtype=np.float32)
                 if a is ego and not np.allclose(A, np.eye(4)):
                     pts, pose = transform_points(A, pts).astype(np.float32), T_world_from_augego
                 else:
@@ -389,7 +422,8 @@ class CooperativeDataset(Dataset):
                 t = a.agent_type
                 spec = self.cfg.agent_types[t]
                 pose = a.T_world_from_lidar
-                pts = self.lidar_points(a, spec.lidar_beams) if spec.sensor == "lidar" else None
+                pts = self.lidar_points(a, spec.lidar_beams, frame if ts == times[0] else None) \
+                    if spec.sensor == "lidar" else None
                 move = a is ego or self.cfg.collaborator_frame == "ego"
                 T = T_augego_from_world @ pose
                 if move and pts is not None and not np.allclose(T, np.eye(4)):

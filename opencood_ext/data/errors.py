@@ -21,3 +21,12 @@ class DataFormatError(ValueError):
 
     def __reduce__(self):  # keep pickling (DataLoader workers) working
         return (type(self), (self.path, self.problem, self.key))
+
+
+def not_utf8(path, exc: UnicodeDecodeError) -> DataFormatError:
+    """The DataFormatError for a text file with bytes that are not UTF-8."""
+    return DataFormatError(path, f"not UTF-8 text: byte {exc.object[exc.start]:#04x} at offset {exc.start}")
+
+
+class SkippedFrame(DataFormatError):
+    """A frame a ``skip_bad`` reader found bad (and logged once): the caller leaves it out."""

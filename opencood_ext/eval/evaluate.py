@@ -102,6 +102,7 @@ def _plot_frame(dataset, index: int, dets, gt_boxes, path: Path, title: str) -> 
 def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0, max_frames: Optional[int] = None,
              label: str = "", progress: bool = True, channel: Optional[ChannelConfig] = None) -> EvalResult:
     """Run ``model.predict`` over ``dataset`` one frame at a time (ego = first agent).
+    Frames the dataset leaves out as bad (``skip_bad_frames``) are not counted in ``frames``.
 
     channel: pose noise / message loss (:class:`~opencood_ext.comm.channel.ChannelConfig`); the
     draws of frame i are keyed by i, so runs compared on the same frames meet the same channel.
@@ -121,9 +122,12 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
     n = len(dataset) if max_frames is None else min(len(dataset), max_frames)
     loader = DataLoader(torch.utils.data.Subset(dataset, range(n)), batch_size=1, shuffle=False,
                         collate_fn=collate_samples)
-    start = time.perf_counter()
+    start, done = time.perf_counter(), 0
     for i, batch in enumerate(tqdm(loader, total=n, desc=f"eval {label or model.fusion}", disable=not progress,
                                    leave=False)):
+        if batch is None:  # a bad frame the dataset left out (skip_bad_frames)
+            continue
+        done += 1
         batch = batch.to(device)
         pred = model.predict(batch, channel=channel, keys=lambda b, i=i: (i,))
         d = pred.detections[0]
@@ -151,9 +155,9 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
     result = EvalResult(
         fusion=model.fusion,
         ap={order: dict(r.ap) for order, r in (("global", res["global"]), ("per_frame", res["per_frame"]))},
-        bytes_per_message=float(np.mean(sent)) if sent else 0.0, frames=n,
-        seconds_per_frame=elapsed / max(n, 1), num_gt=res["global"].num_gt, num_pred=res["global"].num_pred,
-        collaborators_per_frame=collaborators / max(n, 1), images=images,
+        bytes_per_message=float(np.mean(sent)) if sent else 0.0, frames=done,
+        seconds_per_frame=elapsed / max(done, 1), num_gt=res["global"].num_gt, num_pred=res["global"].num_pred,
+        collaborators_per_frame=collaborators / max(done, 1), images=images,
         recall_by_visibility=vis.summary() if vis_defined else None, localisation=loc.summary(),
         channel={**asdict(channel), "describe": channel.describe(),
                  "latency_frames": getattr(dataset, "latency_frames", 0), "sent": collaborators, "lost": lost,

@@ -40,7 +40,7 @@ def visibility_groups(dataset, index: int, gt_boxes: np.ndarray, min_points: int
         if spec.sensor != "lidar" or not len(boxes):
             continue
         T = T_ego_from_world @ agent.T_world_from_lidar
-        pts = transform_points(T, dataset.lidar_points(agent, spec.lidar_beams)[:, :3])
+        pts = transform_points(T, dataset.lidar_points(agent, spec.lidar_beams, frame)[:, :3])
         own_car = points_in_boxes(T[None, :2, 3], boxes, bev_only=True)[0]
         seen[k] = (points_in_boxes(pts, boxes).sum(axis=0) >= min_points) | own_car
     return np.where(seen[0], 0, np.where(seen[1:].any(axis=0), 1, 2)).astype(np.int64)

@@ -147,6 +147,16 @@ def all_gather_object(obj: Any) -> List[Any]:
     return out
 
 
+def all_true(flag: bool) -> bool:
+    """True when ``flag`` is True on every rank (one small all-reduce); ``flag`` without a group."""
+    if not is_dist():
+        return bool(flag)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
 def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
     """Copy rank ``src``'s buffers (BatchNorm running stats) into every rank's ``module``.
 

@@ -7,7 +7,10 @@ Contract with the rest of the project
   ``parts``: named scalar tensors for logging). The loss of a batch is taken
   to be a per-sample mean; validation weights batches by their sample count.
 - ``batch``: whatever ``collate_fn`` returns; it must have ``.to(device)``
-  returning the same type on ``device``.
+  returning the same type on ``device`` (and ``.batch_size``, its sample count,
+  when it may hold fewer samples than asked for). ``None`` is a batch of bad
+  frames only: with a dataset whose ``may_skip`` is True the step is left out (on
+  every rank alike under DDP).
 - ``train_set`` / ``val_set``: map-style ``torch.utils.data.Dataset``s
   (``val_set`` may be None: no validation, no ``best.pth``).
 - ``param_filter``: None (train every parameter that requires grad), a
@@ -151,6 +154,7 @@ class Trainer:
         self._log: Optional[RunLog] = None
         self._acc: Optional[dict] = None  # the running epoch's sums (see _train_epoch)
         self._restored: Optional[bool] = None  # restore() ran: whether it found a resume point
+        self._may_skip = bool(getattr(train_set, "may_skip", False))  # samples may be None (bad frames)
         if self.steps_per_epoch() == 0:
             raise ValueError(f"Trainer: {len(train_set)} train samples over {self.dist.world_size} process(es) "
                              f"make no full batch of {config.batch_size} (drop_last=True)")
@@ -279,6 +283,9 @@ class Trainer:
         for step, batch in enumerate(loader, start=start):
             if step >= total_steps:
                 break
+            if self._may_skip and not D.all_true(batch is not None):
+                self.step_in_epoch = step + 1  # every sample of the batch (on some rank) was a bad frame
+                continue
             batch = batch.to(self.device)
             loss = self._loss(batch)
             if not torch.isfinite(loss.total):
@@ -314,6 +321,9 @@ class Trainer:
         if self.step_in_epoch < total_steps:
             raise RuntimeError(f"epoch {epoch}: the data loader ended after {self.step_in_epoch} of "
                                f"{total_steps} steps (did the dataset length change?)")
+        if not acc["steps"]:
+            raise RuntimeError(f"epoch {epoch}: every batch was left out (all its frames were bad and "
+                               f"skip_bad_frames is set); check the dataset")
         self._acc = None
         means = D.all_reduce_means({k: float(v) for k, v in sums.items()}, float(acc["steps"]))
         return {"train_" + k if k != "loss" else "train_loss": v for k, v in means.items()} | {
@@ -332,11 +342,14 @@ class Trainer:
         sums: Dict[str, torch.Tensor] = {}
         count = 0
         for ids, batch in zip(batches, loader):
+            if batch is None:  # bad frames only (skip_bad_frames)
+                continue
+            n = getattr(batch, "batch_size", len(ids))  # fewer than len(ids) when bad frames were left out
             batch = batch.to(self.device)
             loss = self.model.loss(self.model(batch), batch)
             for k, v in [("loss", loss.total)] + list(loss.parts.items()):
-                sums[k] = sums.get(k, 0.0) + v.detach().double() * len(ids)
-            count += len(ids)
+                sums[k] = sums.get(k, 0.0) + v.detach().double() * n
+            count += n
         if was_training:
             self.policy.train_mode(self.model)
         means = D.all_reduce_means({k: float(v) for k, v in sums.items()}, float(count))

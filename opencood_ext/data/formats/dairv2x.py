@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ...geometry import corners_to_boxes
-from ..errors import DataFormatError
+from ..errors import DataFormatError, not_utf8
 from ..frame import VEHICLE_CLASSES, AgentObs, Frame, ObjectLabel
 from .decode_cache import DecodeCache
 from .layout import IndexedReader
@@ -53,6 +53,8 @@ def _read_json(path: Path):
         return json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise DataFormatError(path, f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise not_utf8(path, exc) from None
     except json.JSONDecodeError as exc:
         raise DataFormatError(path, f"not valid JSON: {exc}") from None
 

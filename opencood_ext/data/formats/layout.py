@@ -5,10 +5,14 @@ with the ``skip_bad`` policy.
 ``skip_bad`` policy (all readers): frames are indexed from file names only, so
 a corrupt frame is found when it is loaded. With ``skip_bad=False`` the
 :class:`DataFormatError` propagates. With ``skip_bad=True`` the frame is logged
-(``logging.warning`` naming the file and the reason), remembered as bad,
-counted once in ``.skipped``, and ``reader[i]`` returns the next good frame
-(wrapping around), so random access by a data loader never fails while one
-good frame remains; ``iter(reader)`` visits every good frame exactly once.
+(``logging.warning`` naming the file and the reason), remembered as bad and
+counted once in ``.skipped``; ``reader[i]`` of a bad frame raises
+:class:`SkippedFrame` (a DataFormatError) without reading it again, and
+``iter(reader)`` visits every good frame exactly once. No other frame stands in
+for a bad one (that would show it twice an epoch):
+:class:`~opencood_ext.data.dataset.CooperativeDataset` turns a skipped frame
+into a ``None`` sample that the collate function and the training and
+evaluation loops leave out.
 """
 from __future__ import annotations
 
@@ -16,9 +20,9 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
-from ..errors import DataFormatError
+from ..errors import DataFormatError, SkippedFrame
 from ..frame import Frame, sort_agent_ids
 
 log = logging.getLogger(__name__)
@@ -110,7 +114,7 @@ class IndexedReader:
     def __init__(self, skip_bad: bool = False):
         self.skip_bad = bool(skip_bad)
         self.skipped = 0
-        self._bad: Set[int] = set()
+        self._bad: Dict[int, str] = {}  # frame index -> why it is bad
         self._root: Path = Path(".")
 
     def __len__(self) -> int:  # pragma: no cover - abstract
@@ -135,7 +139,7 @@ class IndexedReader:
         try:
             return self._load(j)
         except DataFormatError as exc:
-            self._bad.add(j)
+            self._bad[j] = str(exc)
             self.skipped += 1
             log.warning("skipping bad frame %d (%s): %s", j, self.frame_path(j), exc)
             return None
@@ -144,12 +148,10 @@ class IndexedReader:
         j = self._index(i)
         if not self.skip_bad:
             return self._load(j)
-        n = len(self)
-        for step in range(n):
-            frame = self._try_load((j + step) % n)
-            if frame is not None:
-                return frame
-        raise DataFormatError(self._root, f"all {n} frames are bad (skip_bad=True skipped them all)")
+        frame = self._try_load(j)
+        if frame is None:
+            raise SkippedFrame(self.frame_path(j), f"frame {j} skipped (skip_bad): {self._bad[j]}")
+        return frame
 
     def __iter__(self) -> Iterator[Frame]:
         for j in range(len(self)):

@@ -21,7 +21,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple, Union
 import numpy as np
 
 from ...geometry import pose_to_matrix
-from ..errors import DataFormatError
+from ..errors import DataFormatError, not_utf8
 from ..frame import AgentObs, CameraObs, Frame, ObjectLabel, sort_agent_ids
 from .decode_cache import DecodeCache
 from .layout import IndexedReader, frame_keys, hetero_tree, scan_scenarios, split_dir
@@ -63,6 +63,8 @@ def resolve_assignment(modality: Modality, tree: Mapping[str, Mapping[int, objec
             table = json.loads(Path(modality).read_text(encoding="utf-8"))
         except OSError as exc:
             raise DataFormatError(source, f"cannot read modality assignment: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise not_utf8(source, exc) from None
         except json.JSONDecodeError as exc:
             raise DataFormatError(source, f"modality assignment is not valid JSON: {exc}") from None
     elif isinstance(modality, Mapping):

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import yaml
 
-from ..errors import DataFormatError
+from ..errors import DataFormatError, not_utf8
 from ..frame import ObjectLabel
 from .decode_cache import Arrays, DecodeCache
 
@@ -52,6 +52,8 @@ def load_yaml(path) -> dict:
             data = yaml.load(fh, Loader=_YAML_LOADER)
     except OSError as exc:
         raise DataFormatError(path, f"cannot read yaml: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise not_utf8(path, exc) from None
     except yaml.YAMLError as exc:
         raise DataFormatError(path, f"not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):

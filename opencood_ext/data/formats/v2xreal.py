@@ -85,13 +85,14 @@ def read_bin(path, intensity: str = "zero") -> np.ndarray:
         raise ValueError(f"V2X-Real intensity must be one of {INTENSITY_MODES}, got {intensity!r}")
     path = Path(path)
     try:
-        raw = np.fromfile(path, dtype="<f4")
+        data = path.read_bytes()
     except OSError as exc:
         raise DataFormatError(path, f"cannot read point cloud: {exc.strerror or exc}") from None
-    if raw.size % 4:
-        raise DataFormatError(path, f"size {raw.size * 4} bytes is not a whole number of 16-byte "
-                              "(x, y, z, intensity) float32 records")
-    pts = raw.reshape(-1, 4).astype(np.float32)
+    if len(data) % 16:  # checked on the bytes: reading floats first would drop a partial one unseen
+        raise DataFormatError(path, f"size {len(data)} bytes is not a whole number of 16-byte "
+                              f"(x, y, z, intensity) float32 records ({len(data) // 16} records and "
+                              f"{len(data) % 16} bytes over: a truncated or corrupt file)")
+    pts = np.frombuffer(data, dtype="<f4").reshape(-1, 4).astype(np.float32)
     bad = ~np.isfinite(pts[:, :3]).all(axis=1)
     if intensity == "raw":
         bad |= ~np.isfinite(pts[:, 3])
