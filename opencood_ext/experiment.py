@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence
 from opencood_ext.config import ConfigError, load_config
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset, DataConfig
+from opencood_ext.data.errors import DataFormatError
 from opencood_ext.data.formats import get_reader
 from opencood_ext import methods  # noqa: F401  (registers the heterogeneous baselines' links)
 from opencood_ext.models import build, voxel_sizes
@@ -137,10 +138,12 @@ def build_dataset(cfg: ExperimentConfig, split: str, train: bool, fusion: Option
         raise ConfigError(f"experiment '{cfg.name}': data.reader_options: {exc}") from None
     try:
         sizes = voxel_sizes(cfg.model)
-    except ValueError as exc:
+        return CooperativeDataset(reader, data, sizes, train=train, cooperation=method.dataset_agents(train),
+                                  seed=cfg.train.seed, latency_frames=latency_frames)
+    except DataFormatError:
+        raise
+    except ValueError as exc:  # the data section does not fit the model (e.g. a LiDAR type without encoder)
         raise ConfigError(f"experiment '{cfg.name}': {exc}") from None
-    return CooperativeDataset(reader, data, sizes, train=train, cooperation=method.dataset_agents(train),
-                              seed=cfg.train.seed, latency_frames=latency_frames)
 
 
 collate = collate_samples

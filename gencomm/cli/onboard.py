@@ -37,30 +37,42 @@ def main(argv=None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from opencood_ext.cli.errors import USER_ERRORS, data_hint, report
+    skipping = False
+    try:
+        from opencood_ext.training.onboarding import plan_onboarding
+        try:
+            plan = plan_onboarding(args.ego, args.new, args.overrides, args.epochs, args.hypes_yaml, args.method)
+        except ValueError as exc:  # the runs do not compose (types, stacks, method)
+            return report(exc)
+        skipping = plan.config.data.skip_bad_frames
+        return _onboard(args, plan)
+    except USER_ERRORS as exc:
+        return report(exc, data_hint(exc, skipping))
+
+
+def _onboard(args, plan) -> int:
     from opencood_ext.config import ConfigError, dump_config
     from opencood_ext.experiment import build_dataset, collate
-    from opencood_ext.training.onboarding import build_onboarding_model, plan_onboarding, trainable_per_type
+    from opencood_ext.training.onboarding import build_onboarding_model, trainable_per_type
     from opencood_ext.training.runlog import training_wall_time
     from opencood_ext.training import distributed as D
-    from opencood_ext.training.checkpoint import CheckpointError, seed_everything
+    from opencood_ext.training.checkpoint import seed_everything
     from opencood_ext.training.trainer import Trainer
 
+    seed_everything(plan.config.train.seed)  # before the model is built (parameters not taken from stage 1)
     try:
-        plan = plan_onboarding(args.ego, args.new, args.overrides, args.epochs, args.hypes_yaml, args.method)
-        seed_everything(plan.config.train.seed)  # before the model is built (parameters not taken from stage 1)
         model, policy = build_onboarding_model(plan)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:
+        raise ConfigError(f"onboarding: {exc}") from None
     cfg = plan.config
     train_set = build_dataset(cfg, cfg.data.train_split, train=True)
     val_set = build_dataset(cfg, cfg.data.val_split, train=False) if cfg.train.val_every else None
-    trainer = Trainer(model, train_set, val_set, collate, cfg.train, args.out, param_filter=policy)
     try:
-        trainer.restore()  # a rerun whose run folder does not fit fails here, before config.yaml is written
-    except CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        trainer = Trainer(model, train_set, val_set, collate, cfg.train, args.out, param_filter=policy)
+    except ValueError as exc:
+        raise ConfigError(f"onboarding: {exc}") from None
+    trainer.restore()  # a rerun whose run folder does not fit fails here, before config.yaml is written
     summary = policy.summary(model)
     if D.is_main_process():
         args.out.mkdir(parents=True, exist_ok=True)

@@ -62,22 +62,34 @@ def open_world(args):
 
 
 def cmd_live(args) -> int:
-    from opencood_ext.comm import ChannelEffects
-    from opencood_ext.sim.live import LiveCooperation
-    from opencood_ext.sim.live_view import LiveView
-    from opencood_ext.runs import load_run
-
-    try:
-        cfg, model = load_run(args.model_dir)
-        effects = ChannelEffects(pose_noise_std_m=args.pose_noise_m, pose_noise_std_deg=args.pose_noise_deg,
-                                 drop_prob=args.drop, latency_ticks=args.latency, seed=args.seed)
-        live = LiveCooperation(cfg, model, effects, wire_dtype=args.wire_dtype)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    if not (args.model_dir / "config.yaml").is_file():
+        print(f"error: {args.model_dir}: no config.yaml; is this a run folder written by gencomm-train?",
+              file=sys.stderr)
         return 2
-    out = args.out or args.model_dir / "live"
+    # the world first: without a CARLA server (--backend carla) the user hears it within --timeout,
+    # before the model loads
     world, backend = open_world(args)
-    view = LiveView(out, cfg.data.lidar_range, show=args.show)
+    try:
+        from opencood_ext.cli.errors import USER_ERRORS, report
+        from opencood_ext.comm import ChannelEffects
+        from opencood_ext.sim.live import LiveCooperation
+        from opencood_ext.sim.live_view import LiveView
+        from opencood_ext.runs import load_run
+        try:
+            cfg, model = load_run(args.model_dir)
+            effects = ChannelEffects(pose_noise_std_m=args.pose_noise_m, pose_noise_std_deg=args.pose_noise_deg,
+                                     drop_prob=args.drop, latency_ticks=args.latency, seed=args.seed)
+            live = LiveCooperation(cfg, model, effects, wire_dtype=args.wire_dtype)
+        except USER_ERRORS + (ValueError,) as exc:
+            return report(exc)
+        out = args.out or args.model_dir / "live"
+        view = LiveView(out, cfg.data.lidar_range, show=args.show)
+        return _live_loop(args, world, backend, live, view, out)
+    finally:
+        world.close()
+
+
+def _live_loop(args, world, backend, live, view, out) -> int:
     try:
         for _ in range(args.ticks):
             frame = world.tick()
@@ -90,8 +102,6 @@ def cmd_live(args) -> int:
                   + (f"  rejected {len(r.rejected)}" if r.rejected else ""), flush=True)
     except KeyboardInterrupt:
         print("interrupted; cleaning up", file=sys.stderr)
-    finally:
-        world.close()
     animation = view.finish()
     summary = {"backend": backend, "ticks": live.ticks, "ap_global": live.running_ap(),
                "bytes_per_message": live.bytes_per_message, "frames": str(view.frames_dir),
@@ -139,7 +149,12 @@ def main(argv=None) -> int:
     _add_backend_args(rec)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return cmd_live(args) if args.cmd == "live" else cmd_record(args)
+    from opencood_ext.sim.carla_bridge import CarlaUnavailable
+    try:
+        return cmd_live(args) if args.cmd == "live" else cmd_record(args)
+    except CarlaUnavailable as exc:  # --backend carla and no server: the message alone, no traceback
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -60,6 +60,16 @@ def main(argv=None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from opencood_ext.cli.errors import USER_ERRORS, data_hint, report
+    try:
+        return _run(args)
+    except USER_ERRORS as exc:
+        return report(exc, data_hint(exc, skipping=False))
+    except ValueError as exc:  # an unknown --fusion_method or --dynamic type, bad channel settings
+        return report(exc)
+
+
+def _run(args) -> int:
     from opencood_ext.eval.evaluate import evaluate
     from opencood_ext.experiment import build_dataset
     from opencood_ext.interop.runs import load_any_run  # ours, or a reference (OpenCOOD/HEAL) run folder
@@ -67,18 +77,14 @@ def main(argv=None) -> int:
     from opencood_ext.comm.channel import ChannelConfig, parse_pose_noise
     from opencood_ext.training.checkpoint import seed_everything
 
-    try:
-        cfg, model = load_any_run(args.model_dir, args.overrides)
-        if args.fusion_method:
-            set_fusion(model, args.fusion_method)
-        noise_m, noise_deg = parse_pose_noise(args.pose_noise)
-        channel = ChannelConfig(pose_noise_m=noise_m, pose_noise_deg=noise_deg, drop=args.drop,
-                                seed=args.channel_seed)
-        if args.latency_frames < 0:
-            raise ValueError(f"--latency_frames must be >= 0, got {args.latency_frames}")
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg, model = load_any_run(args.model_dir, args.overrides)
+    if args.fusion_method:
+        set_fusion(model, args.fusion_method)
+    noise_m, noise_deg = parse_pose_noise(args.pose_noise)
+    channel = ChannelConfig(pose_noise_m=noise_m, pose_noise_deg=noise_deg, drop=args.drop,
+                            seed=args.channel_seed)
+    if args.latency_frames < 0:
+        raise ValueError(f"--latency_frames must be >= 0, got {args.latency_frames}")
     model.wire_dtype = args.wire_dtype
     seed_everything(cfg.train.seed)  # GenComm's receiver samples diffusion noise: same seed, same AP
     split = args.split or cfg.eval.split
@@ -86,11 +92,7 @@ def main(argv=None) -> int:
     if args.dynamic:
         from opencood_ext.eval.dynamic import format_dynamic, run_dynamic
         order = [t.strip() for t in args.dynamic.split(",") if t.strip()]
-        try:
-            rows = run_dynamic(cfg, model, order, split, out_dir=args.model_dir, max_frames=max_frames)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        rows = run_dynamic(cfg, model, order, split, out_dir=args.model_dir, max_frames=max_frames)
         print(f"== {args.model_dir} on {split} ==")
         print(format_dynamic(rows))
         return 0

@@ -32,39 +32,52 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    """Exit status 0, or 2 with one line on stderr for a config, data or checkpoint error."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from opencood_ext.experiment import build_dataset, build_model, collate, load_experiment
+    from opencood_ext.cli.errors import USER_ERRORS, data_hint, report
+    cfg = None
+    try:
+        cfg = _load_config(args)
+        return _train(args, cfg)
+    except USER_ERRORS as exc:
+        return report(exc, data_hint(exc, bool(cfg and cfg.data.skip_bad_frames)))
+
+
+def _load_config(args):
+    from opencood_ext.experiment import load_experiment
     from opencood_ext.interop.runs import load_experiment_any  # ours, or an OpenCOOD/HEAL hypes yaml
+    resume_cfg = args.model_dir / "config.yaml" if args.model_dir else None
+    if resume_cfg is not None and resume_cfg.exists():
+        if args.hypes_yaml:
+            logging.info("resuming %s: using its saved config.yaml, not %s", args.model_dir, args.hypes_yaml)
+        return load_experiment(resume_cfg, args.overrides)
+    if args.hypes_yaml:
+        try:
+            return load_experiment_any(args.hypes_yaml, args.overrides)
+        except ConfigError:
+            raise
+        except ValueError as exc:  # a hypes yaml the importer cannot convert
+            raise ConfigError(f"{args.hypes_yaml}: {exc}") from None
+    raise ConfigError("give -y CONFIG, or --model_dir of a run that has config.yaml")
+
+
+def _train(args, cfg) -> int:
+    from opencood_ext.experiment import build_dataset, build_model, collate
     from opencood_ext.training import distributed as D
-    from opencood_ext.training.checkpoint import CheckpointError, seed_everything
+    from opencood_ext.training.checkpoint import seed_everything
     from opencood_ext.training.trainer import Trainer
 
-    resume_cfg = args.model_dir / "config.yaml" if args.model_dir else None
-    try:
-        if resume_cfg is not None and resume_cfg.exists():
-            if args.hypes_yaml:
-                logging.info("resuming %s: using its saved config.yaml, not %s", args.model_dir, args.hypes_yaml)
-            cfg = load_experiment(resume_cfg, args.overrides)
-        elif args.hypes_yaml:
-            cfg = load_experiment_any(args.hypes_yaml, args.overrides)
-        else:
-            print("error: give -y CONFIG, or --model_dir of a run that has config.yaml", file=sys.stderr)
-            return 2
-    except (ConfigError, ValueError) as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        return 2
     run_dir = args.model_dir or args.runs_root / f"{cfg.name}_{time.strftime('%Y_%m_%d_%H_%M_%S')}"
     seed_everything(cfg.train.seed)  # before anything draws: model init (the same on every rank), datasets
     model = build_model(cfg)
     train_set = build_dataset(cfg, cfg.data.train_split, train=True)
     val_set = build_dataset(cfg, cfg.data.val_split, train=False) if cfg.train.val_every else None
-    trainer = Trainer(model, train_set, val_set, collate, cfg.train, run_dir)
     try:
-        trainer.restore()  # a resume that does not fit fails here, before config.yaml is written
-    except CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        trainer = Trainer(model, train_set, val_set, collate, cfg.train, run_dir)
+    except ValueError as exc:  # e.g. no full batch in the train split
+        raise ConfigError(f"experiment '{cfg.name}': {exc}") from None
+    trainer.restore()  # a resume that does not fit fails here, before config.yaml is written
     if D.is_main_process():
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, run_dir / "config.yaml")

@@ -1,7 +1,10 @@
 """The one exception the data layer raises for bad input files."""
 from __future__ import annotations
 
+import re
 from typing import Optional
+
+_CLASS_PREFIX = re.compile(r"^[\w.]+(Error|Frame): ")  # "opencood_ext.data.errors.DataFormatError: "
 
 
 class DataFormatError(ValueError):
@@ -12,7 +15,17 @@ class DataFormatError(ValueError):
     ``path``, ``key`` and ``problem`` stay available as attributes.
     """
 
-    def __init__(self, path, problem: str, key: Optional[str] = None):
+    def __init__(self, path, problem: Optional[str] = None, key: Optional[str] = None):
+        if problem is None:
+            # one argument: torch's DataLoader re-raising a worker's error with the worker's
+            # traceback text; keep the type and just the original message (its last line)
+            lines = [ln for ln in str(path).splitlines() if ln.strip()] or [""]
+            text = _CLASS_PREFIX.sub("", lines[-1].strip())
+            self.path, self.key, self.problem = text.split(": ", 1)[0], None, text
+            self._args = (text,)
+            super().__init__(text)
+            return
+        self._args = (path, problem, key)
         self.path = str(path)
         self.key = key
         self.problem = problem
@@ -20,7 +33,7 @@ class DataFormatError(ValueError):
         super().__init__(f"{where}: {problem}")
 
     def __reduce__(self):  # keep pickling (DataLoader workers) working
-        return (type(self), (self.path, self.problem, self.key))
+        return (type(self), self._args)
 
 
 def not_utf8(path, exc: UnicodeDecodeError) -> DataFormatError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -123,7 +124,8 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
     loader = DataLoader(torch.utils.data.Subset(dataset, range(n)), batch_size=1, shuffle=False,
                         collate_fn=collate_samples)
     start, done = time.perf_counter(), 0
-    for i, batch in enumerate(tqdm(loader, total=n, desc=f"eval {label or model.fusion}", disable=not progress,
+    for i, batch in enumerate(tqdm(loader, total=n, desc=f"eval {label or model.fusion}",
+                                   disable=not (progress and sys.stderr.isatty()),
                                    leave=False)):
         if batch is None:  # a bad frame the dataset left out (skip_bad_frames)
             continue
