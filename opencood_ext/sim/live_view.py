@@ -1,13 +1,17 @@
 """Bird's-eye view of the live demo: one PNG per tick (each agent's points in
-the ego frame, detections, ground truth) and an animated GIF at the end; a
-matplotlib window too when asked for and a display exists."""
+the ego frame, detections, ground truth) and an animated GIF streamed to disk
+tick by tick (:class:`~opencood_ext.sim.gif_stream.GifStream`: memory does not
+grow with the number of ticks); a matplotlib window too when asked for and a
+display exists."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
+from PIL import Image
 
+from opencood_ext.sim.gif_stream import GifStream
 from opencood_ext.viz import plot_agents_bev
 
 
@@ -17,8 +21,7 @@ class LiveView:
         self.frames_dir = self.out / "frames"
         self.frames_dir.mkdir(parents=True, exist_ok=True)
         self.lidar_range = lidar_range
-        self.gif_ms = gif_ms
-        self.paths: List[Path] = []
+        self.gif = GifStream(self.out / "live.gif", duration_ms=gif_ms)
         self.window = None
         if show and os.environ.get("DISPLAY"):
             import matplotlib.pyplot as plt
@@ -31,7 +34,8 @@ class LiveView:
         path = self.frames_dir / f"tick_{result.tick:05d}.png"
         plot_agents_bev(path, agents, gt_boxes=result.gt_boxes, pred_boxes=result.boxes,
                         lidar_range=self.lidar_range, title=title, size=6.0)
-        self.paths.append(path)
+        with Image.open(path) as img:
+            self.gif.add(img)
         if self.window is not None:
             import matplotlib.image as mpimg
             import matplotlib.pyplot as plt
@@ -42,11 +46,6 @@ class LiveView:
         return path
 
     def finish(self) -> Optional[Path]:
-        """Write ``live.gif`` from the tick PNGs (Pillow); returns its path or None."""
-        if not self.paths:
-            return None
-        from PIL import Image
-        images = [Image.open(p).convert("P", palette=Image.ADAPTIVE) for p in self.paths]
-        gif = self.out / "live.gif"
-        images[0].save(gif, save_all=True, append_images=images[1:], duration=self.gif_ms, loop=0)
-        return gif
+        """Close ``live.gif``; returns its path, or None when no tick was drawn."""
+        self.gif.close()
+        return self.gif.path if self.gif.frames else None
