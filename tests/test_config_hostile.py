@@ -86,13 +86,13 @@ def test_non_utf8_config_names_the_file(tmp_path):
     assert "not UTF-8" in msg and "0xe9" in msg
 
 
-@pytest.mark.parametrize("override,words", [("data.comm_range=-5", "comm_range must be > 0"),
-                                            ("data.comm_range=0", "comm_range must be > 0"),
-                                            ("data.max_agents=0", "max_agents must be >= 1")])
-def test_data_settings_that_would_drop_every_collaborator_are_refused(tmp_path, override, words):
-    p = tmp_path / "exp.yaml"
-    p.write_text("name: x\n")
-    with pytest.raises(ConfigError, match=rf"key 'data': DataConfig\.{words}"):
-        load_experiment(p, [override])
+@pytest.mark.parametrize("key,value,words", [("comm_range", -5, "comm_range must be > 0"),
+                                              ("comm_range", 0, "comm_range must be > 0"),
+                                              ("max_agents", 0, "max_agents must be >= 1")])
+def test_data_settings_that_would_drop_every_collaborator_are_refused(tmp_path, key, value, words):
+    """Both gave ego-only samples without a word."""
+    (tmp_path / "exp.yaml").write_text(f"name: x\ndata:\n  {key}: {value}\n")
+    with pytest.raises(ConfigError, match=rf"exp.yaml: key 'data': DataConfig\.{words}"):
+        load_experiment(tmp_path / "exp.yaml")
     with pytest.raises(ValueError, match=words):
-        DataConfig(**{override.split(".")[1].split("=")[0]: int(override.split("=")[1])})
+        DataConfig(**{key: value})
