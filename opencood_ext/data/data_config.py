@@ -1,0 +1,87 @@
+"""The ``data:`` section of an experiment: :class:`DataConfig` and the per-type
+:class:`AgentTypeData` (also importable from :mod:`opencood_ext.data.dataset`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Literal, Optional, Tuple
+
+from .augment import AugmentConfig
+from .frame import VEHICLE_CLASSES
+
+
+@dataclass
+class AgentTypeData:
+    """How one agent type (modality) turns its sensors into model input.
+
+    sensor: "lidar" or "camera".
+    lidar_beams: 64 uses the main scan, 32/16 use OPV2V-H's reduced scans.
+    image_size: (H, W) the four cameras are resized to (intrinsics scaled).
+    """
+
+    sensor: Literal["lidar", "camera"] = "lidar"
+    lidar_beams: Literal[64, 32, 16] = 64
+    max_points_per_voxel: int = 32
+    max_voxels: int = 32000
+    image_size: Tuple[int, int] = (128, 160)
+    use_depth: bool = False
+
+
+@dataclass
+class DataConfig:
+    """The ``data:`` section of an experiment.
+
+    modality: assignment of agent types: "in_order", a JSON path (relative to
+        ``root``), "all:<type>" (every agent is that type: stage-1 training) or
+        "cycle:<t1>,<t2>" (t1, t2, t1, ... over the sorted agents).
+    agent_types: the alliance; agents of other types are left out.
+    lidar_range: (xmin, ymin, zmin, xmax, ymax, zmax) of the ego's detection area.
+    classes: object types kept as one class (single-class detection).
+    reader_options: extra reader arguments, e.g. ``{mode: vc}`` for V2X-Real or
+        ``{hetero_root: ...}`` for OPV2V-H.
+    class_groups: multi-class detection instead: ``{class_name: [object types]}``;
+        the class index is the group's position (V2X-Real's super-classes).
+    collaborator_frame: where a LiDAR collaborator encodes its scan. "own" (the
+        field's intermediate fusion): in its own sensor frame; the receiver warps
+        the BEV feature to the ego grid. "ego": the collaborator first moves its
+        points into the ego frame, so its feature already lies on the ego grid and
+        nothing is resampled (needs the receiver's pose at the sender; used to
+        measure what warping a feature map costs, see README).
+    cache_dir: None (default) parses the source files every epoch; a folder keeps
+        each decoded point cloud and yaml's labels there as numpy arrays, checked
+        against the source's modification time and size, so later epochs read no
+        text (``opencood_ext.data.formats.decode_cache``).
+    """
+
+    def class_table(self) -> Dict[str, int]:
+        """Object type -> class index."""
+        if self.class_groups:
+            return {t: k for k, types in enumerate(self.class_groups.values()) for t in types}
+        return {t: 0 for t in self.classes}
+
+    format: Literal["opv2v", "dairv2x", "v2xreal"] = "opv2v"
+    root: str = "data/sim"
+    train_split: str = "train"
+    val_split: str = "validate"
+    test_split: str = "test"
+    modality: str = "in_order"
+    agent_types: Dict[str, AgentTypeData] = field(default_factory=lambda: {"m1": AgentTypeData()})
+    lidar_range: Tuple[float, float, float, float, float, float] = (-51.2, -51.2, -3.0, 51.2, 51.2, 1.0)
+    comm_range: float = 70.0
+    max_agents: int = 5
+    classes: List[str] = field(default_factory=lambda: list(VEHICLE_CLASSES))
+    class_groups: Optional[Dict[str, List[str]]] = None
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    random_ego: bool = False
+    skip_bad_frames: bool = False
+    max_frames: Optional[int] = None
+    reader_options: Dict[str, Any] = field(default_factory=dict)
+    collaborator_frame: Literal["own", "ego"] = "own"
+    cache_dir: Optional[str] = None
+
+    def __post_init__(self):
+        if not self.comm_range > 0:  # also refuses NaN
+            raise ValueError(f"DataConfig.comm_range must be > 0 metres (collaborators farther from the ego "
+                             f"are left out), got {self.comm_range!r}")
+        if self.max_agents < 1:
+            raise ValueError(f"DataConfig.max_agents must be >= 1 (it counts the ego; 1 = the ego alone), "
+                             f"got {self.max_agents!r}")
