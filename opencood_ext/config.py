@@ -65,7 +65,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 MAX_YAML_NODES = 100_000  # a config may expand to this many YAML nodes, every alias counted in full
 
 
-def _expanded_size(node, where: str) -> int:
+def check_yaml_node(node, where: str) -> int:
     """Nodes ``node`` stands for once every alias is expanded. A recursive alias (an anchor
     used inside itself) or an expansion beyond MAX_YAML_NODES (alias fan-out, "billion
     laughs": 265 bytes can stand for millions of nodes) raises a ConfigError. Linear in the
@@ -104,16 +104,17 @@ def _yaml_error(exc: yaml.YAMLError) -> str:
     return " ".join(f"{problem}{where}".split())
 
 
-def safe_yaml(text: str, where: str):
-    """Parse YAML text (duplicate keys, recursive aliases and alias fan-out refused); ConfigError
-    naming ``where`` on any problem."""
-    loader = _UniqueKeyLoader(text)
+def parse_yaml(text: str, where: str, loader_cls=None) -> Tuple[Any, Optional[yaml.Node]]:
+    """(data, node graph) of YAML text, recursive aliases and alias fan-out refused before
+    anything is constructed; ConfigError naming ``where`` on any problem. ``loader_cls``:
+    a SafeLoader subclass (default: this module's, which refuses duplicate keys)."""
+    loader = (loader_cls or _UniqueKeyLoader)(text)
     try:
         node = loader.get_single_node()
         if node is None:
-            return None
-        _expanded_size(node, where)
-        return loader.construct_document(node)
+            return None, None
+        check_yaml_node(node, where)
+        return loader.construct_document(node), node
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: invalid YAML: {_yaml_error(exc)}") from None
     except RecursionError:
@@ -122,9 +123,15 @@ def safe_yaml(text: str, where: str):
         loader.dispose()
 
 
-def _read_yaml(path: Path) -> dict:
+def safe_yaml(text: str, where: str):
+    """The data of YAML text (duplicate keys refused; see :func:`parse_yaml`)."""
+    return parse_yaml(text, where)[0]
+
+
+def read_config_text(path: Path) -> str:
+    """A config file's text; a missing file, a directory, non-UTF-8 bytes -> one-line ConfigError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except IsADirectoryError:
@@ -133,7 +140,10 @@ def _read_yaml(path: Path) -> dict:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from None
-    data = safe_yaml(text, str(path))
+
+
+def _read_yaml(path: Path) -> dict:
+    data = safe_yaml(read_config_text(path), str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):

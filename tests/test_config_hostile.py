@@ -96,3 +96,26 @@ def test_data_settings_that_would_drop_every_collaborator_are_refused(tmp_path, 
         load_experiment(tmp_path / "exp.yaml")
     with pytest.raises(ValueError, match=words):
         DataConfig(**{key: value})
+
+
+@pytest.mark.parametrize("name,text,words", [("laughs.yaml", _laughs(7), "expand this value"),
+                                             ("self.yaml", "name: x\ntrain: &t\n  epochs: *t\n",
+                                              "recursive YAML alias")])
+def test_train_refuses_them_before_the_hypes_importer_looks(tmp_path, name, text, words, capsys):
+    """``train -y`` first asks the OpenCOOD/HEAL hypes reader whether the file is a reference
+    yaml; that reader gets the same checks."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import train
+    from opencood_ext.interop.hypes_reader import read_yaml
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=words):
+        read_yaml(p)
+    with pytest.raises(ConfigError, match="is a directory"):
+        read_yaml(tmp_path)
+    capsys.readouterr()
+    assert train.main(["-y", str(p), "--model_dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err

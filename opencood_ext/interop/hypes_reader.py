@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import yaml
 
-from ..config import ConfigError
+from ..config import ConfigError, parse_yaml, read_config_text
 from .hypes_keys import Approx, Dropped, Fixed, Same, other_key, rule_for
 
 # a top-level key in any of these makes a yaml a hypes file (our schema has none of them)
@@ -63,18 +63,8 @@ def _repeated_keys(node: yaml.Node, out: List[str]) -> List[str]:
 
 def read_yaml(path: Path) -> Tuple[dict, List[str]]:
     """-> (mapping, keys given twice)."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    loader = _HypesLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
-    finally:
-        loader.dispose()
+    # the config loader's checks: unreadable files, recursive aliases and alias fan-out
+    data, node = parse_yaml(read_config_text(Path(path)), str(path), _HypesLoader)
     if data is None:
         return {}, []
     if not isinstance(data, dict):
