@@ -1,7 +1,7 @@
 """Training step and inference frame: no fusion vs full-feature intermediate vs GenComm, per encoder type.
 
     python tools/bench.py train [--types m1] [--agents 3] [--repeat 3] [--threads 2] [--device cpu|cuda]
-                                [--clock wall|cpu] [--family sim|opv2v_h] [--link JSON]
+                                [--clock wall|cpu] [--family sim|opv2v_h] [--link JSON] [--also NAME=JSON]
 
 For each type ``t`` three models are built on the sim config (``configs/sim/base.yaml`` +
 ``configs/<family>/types/<t>.yaml``; ``--family opv2v_h`` puts the OPV2V-H encoders and GenComm
@@ -13,11 +13,14 @@ link on the sim's 80 m range), with the same agents and encoders:
 * ``<t>_gencomm``: GenComm stage 1 (``configs/<family>/gencomm_link.yaml``; ``--link`` is merged into its
   link section, e.g. ``'{"generator": {"variant": "compact", "base_channels": 16}}'``).
 
-All three see the same synthetic frame with ``--agents`` agents of type ``t`` (batch 1; the
+``--also NAME=JSON`` adds a GenComm model ``<t>_gencomm_NAME`` with another link override,
+timed in the same rotation, so two generator choices compare within one run.
+
+All models see the same synthetic frame with ``--agents`` agents of type ``t`` (batch 1; the
 no-fusion sample carries the ego only). ``train_step_s``: forward, loss, backward and Adam
 step; ``inference_frame_s``: ``model.predict`` (evaluation mode, messages through the wire
 format). The models are timed in turn within each repetition, so a busy machine slows all
-three alike; figures are medians, and ``<t>_gencomm_over_intermediate_*`` are ratios of
+models alike; figures are medians, and ``<t>_gencomm_over_intermediate_*`` are ratios of
 those medians. ``<t>_gencomm_{train,inference}_share_*``: the part of GenComm's
 ``model.forward`` (in the training step; in ``predict``) spent in the encoders, the message
 extractors, the generators and the enhancers (forward hooks, timed over the same
@@ -42,8 +45,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-KINDS = ("none", "intermediate", "gencomm")
-
+import gencomm  # noqa: E402,F401  (registers the GenComm link)
+from opencood_ext.data.batch import collate_samples  # noqa: E402
+from opencood_ext.data.dataset import CooperativeDataset  # noqa: E402
+from opencood_ext.experiment import build_model, cooperation_for, load_experiment  # noqa: E402
+from synthetic import SyntheticReader  # noqa: E402
 
 def _config(t: str, kind: str, family: str, link: Optional[dict]) -> Path:
     """The bench experiment: sim base (range, anchors) + ``configs/<family>/types/<t>.yaml``
@@ -64,6 +70,29 @@ def _config(t: str, kind: str, family: str, link: Optional[dict]) -> Path:
     f = Path(tempfile.mkdtemp()) / "bench.yaml"
     f.write_text(yaml.safe_dump(doc))
     return f
+
+
+def _model_and_batches(cfg, reader, device: torch.device):
+    """The model of ``cfg`` (seed 0) and its training / evaluation batch of frame 0 (same draw for all)."""
+    torch.manual_seed(0)
+    model = build_model(cfg).to(device)
+    batches = {}
+    for train in (True, False):
+        ds = CooperativeDataset(reader, cfg.data, model.voxel_sizes(), train=train,
+                                cooperation=cooperation_for(model.fusion, train))
+        torch.manual_seed(0)  # the same augmentation draw for every model
+        batches[train] = collate_samples([ds[0]]).to(device)
+    return model, batches
+
+
+def _named_link(text: str):
+    name, sep, spec = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"--also takes NAME=JSON, got {text!r}")
+    link = json.loads(spec)
+    if not isinstance(link, dict):
+        raise argparse.ArgumentTypeError(f"--also {name}: the link override must be a JSON object")
+    return name, link
 
 
 def _sync(device: torch.device) -> None:
@@ -135,6 +164,10 @@ def main(argv=None) -> dict:
     p.add_argument("--link", type=json.loads, default=None,
                    help="JSON object merged into the GenComm link of configs/sim/gencomm_link.yaml, e.g. "
                         "'{\"generator\": {\"variant\": \"compact\", \"base_channels\": 16}}'")
+    p.add_argument("--also", type=_named_link, action="append", default=[], metavar="NAME=JSON",
+                   help="one more GenComm model, <t>_gencomm_NAME, with this link override, timed in the same "
+                        "rotation (e.g. reference='{\"generator\": {\"variant\": \"reference\", "
+                        "\"base_channels\": 8}}'); repeatable")
     args = p.parse_args(argv)
     if args.link is not None and not isinstance(args.link, dict):
         raise SystemExit(f"--link must be a JSON object, got {args.link!r}")
@@ -143,28 +176,17 @@ def main(argv=None) -> dict:
     if args.clock == "cpu" and device.type != "cpu":
         raise SystemExit("--clock cpu measures CPU devices only")
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    import gencomm  # noqa: F401  (registers the GenComm link)
-    from opencood_ext.data.batch import collate_samples
-    from opencood_ext.data.dataset import CooperativeDataset
-    from opencood_ext.experiment import build_model, cooperation_for, load_experiment
-    from synthetic import SyntheticReader
-
     res: Dict[str, object] = {}
+    variants = [("none", "none", None), ("intermediate", "intermediate", None), ("gencomm", "gencomm", args.link)]
+    variants += [(f"gencomm_{name}", "gencomm", link) for name, link in args.also]
     for t in args.types.split(","):
         reader = SyntheticReader(1, num_agents=args.agents, types=(t,) * args.agents)
         train_fns: Dict[str, Callable[[], None]] = {}
         infer_fns: Dict[str, Callable[[], None]] = {}
         timer = None
-        for kind in KINDS:
-            cfg = load_experiment(_config(t, kind, args.family, args.link))
-            torch.manual_seed(0)
-            model = build_model(cfg).to(device)
-            batches = {}
-            for train in (True, False):
-                ds = CooperativeDataset(reader, cfg.data, model.voxel_sizes(), train=train,
-                                        cooperation=cooperation_for(model.fusion, train))
-                torch.manual_seed(0)  # the same augmentation draw for every model
-                batches[train] = collate_samples([ds[0]]).to(device)
+        for tag, kind, link in variants:
+            model, batches = _model_and_batches(load_experiment(_config(t, kind, args.family, link)), reader,
+                                                device)
             opt = torch.optim.Adam(model.parameters(), 1e-4)
 
             def step(model=model, opt=opt, batch=batches[True]):
@@ -176,10 +198,11 @@ def main(argv=None) -> dict:
             def infer(model=model, batch=batches[False]):
                 model.eval()
                 model.predict(batch)
-            train_fns[kind], infer_fns[kind] = step, infer
+            train_fns[tag], infer_fns[tag] = step, infer
             if kind == "gencomm":
+                res[f"{t}_{tag}_generator_params"] = sum(p.numel() for p in model.link.safg[t].parameters())
+            if tag == "gencomm":
                 timer = _ModuleTimer(model, _gencomm_groups(model), device, clock)
-                res[f"{t}_gencomm_generator_params"] = sum(p.numel() for p in model.link.safg[t].parameters())
         for phase, fns in (("train_step", train_fns), ("inference_frame", infer_fns)):
             for fn in fns.values():
                 fn()  # warm-up
@@ -187,18 +210,20 @@ def main(argv=None) -> dict:
             times: Dict[str, List[float]] = {k: [] for k in fns}
             timer.total.clear()
             for _ in range(args.repeat):
-                for kind, fn in fns.items():
-                    timer.enabled = kind == "gencomm"
+                for tag, fn in fns.items():
+                    timer.enabled = tag == "gencomm"
                     t0 = clock()
                     fn()
                     _sync(device)
-                    times[kind].append(clock() - t0)
+                    times[tag].append(clock() - t0)
                     timer.enabled = False
-            for kind in KINDS:
-                res[f"{t}_{kind}_{phase}_s"] = statistics.median(times[kind])
-            for other in ("intermediate", "none"):
-                res[f"{t}_gencomm_over_{other}_{phase}"] = \
-                    res[f"{t}_gencomm_{phase}_s"] / res[f"{t}_{other}_{phase}_s"]
+            for tag in fns:
+                res[f"{t}_{tag}_{phase}_s"] = statistics.median(times[tag])
+            for tag, kind, _ in variants:
+                if kind == "gencomm":
+                    for other in ("intermediate", "none"):
+                        res[f"{t}_{tag}_over_{other}_{phase}"] = \
+                            res[f"{t}_{tag}_{phase}_s"] / res[f"{t}_{other}_{phase}_s"]
             short = "train" if phase == "train_step" else "inference"
             for name in ("encoders", "message_extractor", "generator", "enhancer"):
                 res[f"{t}_gencomm_{short}_share_{name}"] = timer.total[name] / timer.total["forward"]
