@@ -29,8 +29,8 @@ modulated); the contraction is C_out * (C_in/groups) * kh*kw * H_out*W_out.
 That is the ``sample_first`` order; ``project_first`` (chosen automatically
 when cheaper, see :func:`deform_conv2d`) samples G * kh*kw * C_out values per
 output pixel instead: half as many for the message extractor's 128 -> 64
-layer, which makes that layer about 1.6x faster on CPU, forward and backward
-(``python tools/bench.py gencomm``).
+layer, which makes that layer 1.2x faster forward and 1.3-1.5x faster forward +
+backward on one CPU thread (``python tools/bench.py gencomm``).
 """
 from __future__ import annotations
 
