@@ -21,9 +21,9 @@ no-fusion sample carries the ego only). ``train_step_s``: forward, loss, backwar
 step; ``inference_frame_s``: ``model.predict`` (evaluation mode, messages through the wire
 format). The models are timed in turn within each repetition, so a busy machine slows all
 models alike; figures are medians, and ``<t>_gencomm_over_intermediate_*`` are ratios of
-those medians. ``<t>_gencomm_{train,inference}_share_*``: the part of GenComm's
-``model.forward`` (in the training step; in ``predict``) spent in the encoders, the message
-extractors, the generators and the enhancers (forward hooks, timed over the same
+those medians. ``<t>_gencomm_{train,inference}_share_*``: the part of GenComm's forward
+pass (``model.forward`` in the training step; all of ``predict``) spent in the encoders, the
+message extractors, the generators and the enhancers (forward hooks, timed over the same
 repetitions). On CUDA every timed call and hook ends with a synchronize; m3 (SECOND) on
 CUDA needs a CUDA build of spconv (spconv-cu12x).
 """
@@ -101,28 +101,13 @@ def _sync(device: torch.device) -> None:
 
 
 class _ModuleTimer:
-    """Forward time of the model (``"forward"``: its ``forward`` wrapped on the instance, since
-    ``predict`` calls ``self.forward`` directly and skips hooks) and of named groups of modules
-    (pre/post forward hooks), summed while ``enabled``."""
+    """Forward time of named groups of modules (pre/post forward hooks), summed while ``enabled``."""
 
-    def __init__(self, model: torch.nn.Module, groups: Dict[str, List[torch.nn.Module]], device: torch.device,
-                 clock: Callable[[], float]):
+    def __init__(self, groups: Dict[str, List[torch.nn.Module]], device: torch.device, clock: Callable[[], float]):
         self.total: Dict[str, float] = defaultdict(float)
         self.device = device
         self.clock = clock
         self.enabled = False
-        forward = model.forward
-
-        def timed_forward(*args, **kwargs):
-            if not self.enabled:
-                return forward(*args, **kwargs)
-            _sync(device)
-            t0 = clock()
-            out = forward(*args, **kwargs)
-            _sync(device)
-            self.total["forward"] += clock() - t0
-            return out
-        model.forward = timed_forward
         for name, mods in groups.items():
             for m in mods:
                 m.register_forward_pre_hook(self._pre)
@@ -143,7 +128,8 @@ class _ModuleTimer:
 
 def _gencomm_groups(model) -> Dict[str, List[torch.nn.Module]]:
     link = model.link
-    return {"encoders": list(model.encoders.values()), "message_extractor": list(link.dme.values()),
+    return {"forward": [model], "encoders": list(model.encoders.values()),
+            "message_extractor": list(link.dme.values()),
             "generator": list(link.safg.values()), "enhancer": list(link.enhancer.values())}
 
 
@@ -202,7 +188,7 @@ def main(argv=None) -> dict:
             if kind == "gencomm":
                 res[f"{t}_{tag}_generator_params"] = sum(p.numel() for p in model.link.safg[t].parameters())
             if tag == "gencomm":
-                timer = _ModuleTimer(model, _gencomm_groups(model), device, clock)
+                timer = _ModuleTimer(_gencomm_groups(model), device, clock)
         for phase, fns in (("train_step", train_fns), ("inference_frame", infer_fns)):
             for fn in fns.values():
                 fn()  # warm-up
@@ -224,9 +210,11 @@ def main(argv=None) -> dict:
                     for other in ("intermediate", "none"):
                         res[f"{t}_{tag}_over_{other}_{phase}"] = \
                             res[f"{t}_{tag}_{phase}_s"] / res[f"{t}_{other}_{phase}_s"]
-            short = "train" if phase == "train_step" else "inference"
+            # the whole of predict() is the inference pass; in training, model.forward (no loss, backward)
+            short, whole = ("train", timer.total["forward"]) if phase == "train_step" \
+                else ("inference", sum(times["gencomm"]))
             for name in ("encoders", "message_extractor", "generator", "enhancer"):
-                res[f"{t}_gencomm_{short}_share_{name}"] = timer.total[name] / timer.total["forward"]
+                res[f"{t}_gencomm_{short}_share_{name}"] = timer.total[name] / whole
     res["agents_per_sample"] = args.agents
     res["threads"] = torch.get_num_threads()
     res["clock"] = args.clock
