@@ -3,9 +3,11 @@
     python tools/bench.py gencomm [--reps 3] [--threads 1] [--device cpu|cuda] [--quick]
 
 Figures (times are medians over ``--reps`` runs after one warm-up, in ms):
-forward+backward of DeformConv2d (grid_sample) at 3x128x64x128 -> 64 channels,
-and of torchvision's deform_conv2d where torchvision imports; DME, SAFG
-(3 steps, unrolled) and CE forward+backward at the same size; parameter counts;
+forward+backward of DeformConv2d (grid_sample) at 3x128x64x128 -> 64 channels in
+both orders (sample_first, project_first: the one ``auto`` takes here) and their
+largest difference, and of torchvision's deform_conv2d where torchvision imports;
+DME, SAFG (3 steps, unrolled; the compact UNet at ``--safg-base`` and the
+reference-size UNet) and CE forward+backward at the same size; parameter counts;
 DME and SAFG FLOPs at one 128x100x352 map; bytes per message and encode/decode
 time for a 2x100x352 payload per dtype.
 """
@@ -53,6 +55,7 @@ def main(argv=None) -> Dict[str, object]:
                    help="torch CPU threads (default 1: the 2-core dev box is shared; 0 leaves torch's default)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--quick", action="store_true", help="quarter-size maps (smoke run)")
+    p.add_argument("--safg-base", type=int, default=32, help="width of the compact generator UNet timed as 'safg'")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -64,7 +67,13 @@ def main(argv=None) -> Dict[str, object]:
     x = torch.randn(n, c, h, w, device=dev, requires_grad=True)
     off = (torch.randn(n, 18, h, w, device=dev) * 0.5).requires_grad_()
     wt = (torch.randn(64, c, 3, 3, device=dev) * 0.03).requires_grad_()
-    res["deform_conv_fwd_bwd_ms"] = _time_ms(_fwd_bwd(lambda: deform_conv2d(x, off, wt, padding=1)), a.reps, dev)
+    for method in ("sample_first", "project_first"):
+        res[f"deform_conv_{method}_fwd_bwd_ms"] = _time_ms(
+            _fwd_bwd(lambda: deform_conv2d(x, off, wt, padding=1, method=method)), a.reps, dev)
+    with torch.no_grad():
+        res["deform_conv_max_abs_diff_between_orders"] = float(
+            (deform_conv2d(x, off, wt, padding=1, method="sample_first")
+             - deform_conv2d(x, off, wt, padding=1, method="project_first")).abs().max())
     try:
         from torchvision.ops import deform_conv2d as tv_deform
         res["torchvision_deform_fwd_bwd_ms"] = _time_ms(
@@ -75,19 +84,24 @@ def main(argv=None) -> Dict[str, object]:
         res["torchvision"] = f"unavailable ({type(err).__name__})"
 
     dme = DeformableMessageExtractor(c).to(dev)
-    safg = SpatialAwareFeatureGenerator(c).to(dev)
+    safgs = {"safg": SpatialAwareFeatureGenerator(c, base_channels=a.safg_base).to(dev),
+             "safg_reference": SpatialAwareFeatureGenerator(c, base_channels=8, variant="reference").to(dev)}
     ce = ChannelEnhancer(c).to(dev)
     res["dme_params"] = count_parameters(dme)
-    res["safg_params"] = count_parameters(safg)
+    for name, safg in safgs.items():
+        res[f"{name}_params"] = count_parameters(safg)
     res["ce_params"] = count_parameters(ce)
     msg = torch.randn(n, 2, h, w, device=dev)
     res["dme_fwd_bwd_ms"] = _time_ms(_fwd_bwd(lambda: dme(x)), a.reps, dev)
-    res["safg_3step_fwd_bwd_ms"] = _time_ms(_fwd_bwd(lambda: safg(msg, x).feature), a.reps, dev)
+    for name, safg in safgs.items():
+        res[f"{name}_3step_fwd_bwd_ms"] = _time_ms(_fwd_bwd(lambda: safg(msg, x).feature), a.reps, dev)
+        with torch.no_grad():
+            safg.eval()
+            res[f"{name}_3step_eval_ms"] = _time_ms(lambda: safg(msg, x, torch.Generator().manual_seed(0)),
+                                                    a.reps, dev)
+            safg.train()
+    safg = safgs["safg"]
     res["ce_fwd_bwd_ms"] = _time_ms(_fwd_bwd(lambda: ce(x)), a.reps, dev)
-    with torch.no_grad():
-        safg.eval()
-        res["safg_3step_eval_ms"] = _time_ms(lambda: safg(msg, x, torch.Generator().manual_seed(0)), a.reps, dev)
-        safg.train()
 
     fh, fw = (100, 352) if not a.quick else (25, 88)
     one = torch.randn(1, c, fh, fw, device=dev)
@@ -96,8 +110,9 @@ def main(argv=None) -> Dict[str, object]:
     res["dme_gmacs_deform_conv_incl_sampling"] = rep.by_type.get("DeformConv2d", 0) / 1e9
     # What a counter that skips the deformable layer (e.g. an unknown-module hook) would report.
     res["dme_gflops_if_deform_conv_skipped"] = (rep.macs - rep.by_type.get("DeformConv2d", 0)) * 2 / 1e9
-    res[f"safg_3step_gflops_at_{c}x{fh}x{fw}"] = profile_flops(
-        safg, (torch.randn(1, 2, fh, fw, device=dev), one)).flops / 1e9
+    for name, safg in safgs.items():
+        res[f"{name}_3step_gflops_at_{c}x{fh}x{fw}"] = profile_flops(
+            safg, (torch.randn(1, 2, fh, fw, device=dev), one)).flops / 1e9
     res[f"ce_gflops_at_{c}x{fh}x{fw}"] = profile_flops(ce, one).flops / 1e9
 
     payload = torch.randn(2, fh, fw)

@@ -1,21 +1,43 @@
-"""Training step and inference time per frame for each encoder type on the sim config.
+"""Training step and inference frame: no fusion vs full-feature intermediate vs GenComm, per encoder type.
 
-    python tools/bench.py train [--agents 3] [--repeat 3] [--threads 2] [--device cpu|cuda]
+    python tools/bench.py train [--types m1] [--agents 3] [--repeat 3] [--threads 2] [--device cpu|cuda]
+                                [--clock wall|cpu] [--family sim|opv2v_h] [--link JSON] [--also NAME=JSON]
 
-Each type runs alone (no fusion, ``configs/sim/types/<t>.yaml`` on the sim base)
-on synthetic frames with ``--agents`` agents of that type per sample (batch 1);
-the intermediate GenComm stage-1 model of each type is timed too. Medians; on
-CUDA each timed call ends with a synchronize. m3 (SECOND) on CUDA needs a CUDA
-build of spconv (spconv-cu12x).
+For each type ``t`` three models are built on the sim config (``configs/sim/base.yaml`` +
+``configs/<family>/types/<t>.yaml``; ``--family opv2v_h`` puts the OPV2V-H encoders and GenComm
+link on the sim's 80 m range), with the same agents and encoders:
+
+* ``<t>_none``: no fusion (``m1_none.yaml``): the ego alone;
+* ``<t>_intermediate``: the full 128-channel feature on the wire (float32, as
+  ``m1m3_intermediate.yaml``);
+* ``<t>_gencomm``: GenComm stage 1 (``configs/<family>/gencomm_link.yaml``; ``--link`` is merged into its
+  link section, e.g. ``'{"generator": {"variant": "compact", "base_channels": 16}}'``).
+
+``--also NAME=JSON`` adds a GenComm model ``<t>_gencomm_NAME`` with another link override,
+timed in the same rotation, so two generator choices compare within one run.
+
+All models see the same synthetic frame with ``--agents`` agents of type ``t`` (batch 1; the
+no-fusion sample carries the ego only). ``train_step_s``: forward, loss, backward and Adam
+step; ``inference_frame_s``: ``model.predict`` (evaluation mode, messages through the wire
+format). The models are timed in turn within each repetition, so a busy machine slows all
+models alike; figures are medians, and ``<t>_gencomm_over_intermediate_*`` are ratios of
+those medians. ``<t>_gencomm_{train,inference}_share_*``: the part of GenComm's forward
+pass (``model.forward`` in the training step; all of ``predict``) spent in the encoders, the
+message extractors, the generators and the enhancers (forward hooks, timed over the same
+repetitions). On CUDA every timed call and hook ends with a synchronize; m3 (SECOND) on
+CUDA needs a CUDA build of spconv (spconv-cu12x).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Callable, Dict, List, Optional
 
 import torch
 import yaml
@@ -23,72 +45,180 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+import gencomm  # noqa: E402,F401  (registers the GenComm link)
+from opencood_ext.data.batch import collate_samples  # noqa: E402
+from opencood_ext.data.dataset import CooperativeDataset  # noqa: E402
+from opencood_ext.experiment import build_model, cooperation_for, load_experiment  # noqa: E402
+from synthetic import SyntheticReader  # noqa: E402
 
-def _config(t: str, gencomm: bool) -> Path:
-    bases = ["base.yaml", f"types/{t}.yaml"] + (["gencomm_link.yaml"] if gencomm else [])
-    doc = {"name": f"bench_{t}", "base": [str(ROOT / "configs/sim" / b) for b in bases],
-           "data": {"modality": f"all:{t}"}}
-    if not gencomm:
+def _config(t: str, kind: str, family: str, link: Optional[dict]) -> Path:
+    """The bench experiment: sim base (range, anchors) + ``configs/<family>/types/<t>.yaml``
+    (+ ``configs/<family>/gencomm_link.yaml``) + the fusion of ``kind``."""
+    bases = [ROOT / "configs/sim/base.yaml", ROOT / "configs" / family / "types" / f"{t}.yaml"]
+    if kind == "gencomm":
+        bases.append(ROOT / "configs" / family / "gencomm_link.yaml")
+    missing = [str(b) for b in bases if not b.is_file()]
+    if missing:
+        raise SystemExit(f"bench train: no config file {missing[0]}")
+    doc = {"name": f"bench_{t}_{kind}", "base": [str(b) for b in bases], "data": {"modality": f"all:{t}"}}
+    if kind == "none":
         doc["model"] = {"fusion": "none"}
+    elif kind == "intermediate":
+        doc["model"] = {"fusion": "intermediate", "link": {"type": "full_feature", "wire_dtype": "float32"}}
+    elif link:
+        doc["model"] = {"link": link}
     f = Path(tempfile.mkdtemp()) / "bench.yaml"
     f.write_text(yaml.safe_dump(doc))
     return f
 
 
-def _time(fn, repeat, device):
-    out = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        out.append(time.perf_counter() - t)
-    return statistics.median(out)
+def _model_and_batches(cfg, reader, device: torch.device):
+    """The model of ``cfg`` (seed 0) and its training / evaluation batch of frame 0 (same draw for all)."""
+    torch.manual_seed(0)
+    model = build_model(cfg).to(device)
+    batches = {}
+    for train in (True, False):
+        ds = CooperativeDataset(reader, cfg.data, model.voxel_sizes(), train=train,
+                                cooperation=cooperation_for(model.fusion, train))
+        torch.manual_seed(0)  # the same augmentation draw for every model
+        batches[train] = collate_samples([ds[0]]).to(device)
+    return model, batches
+
+
+def _named_link(text: str):
+    name, sep, spec = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"--also takes NAME=JSON, got {text!r}")
+    link = json.loads(spec)
+    if not isinstance(link, dict):
+        raise argparse.ArgumentTypeError(f"--also {name}: the link override must be a JSON object")
+    return name, link
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _ModuleTimer:
+    """Forward time of named groups of modules (pre/post forward hooks), summed while ``enabled``."""
+
+    def __init__(self, groups: Dict[str, List[torch.nn.Module]], device: torch.device, clock: Callable[[], float]):
+        self.total: Dict[str, float] = defaultdict(float)
+        self.device = device
+        self.clock = clock
+        self.enabled = False
+        for name, mods in groups.items():
+            for m in mods:
+                m.register_forward_pre_hook(self._pre)
+                m.register_forward_hook(self._post(name))
+
+    def _pre(self, mod, args):
+        if self.enabled:
+            _sync(self.device)
+            mod._bench_t0 = self.clock()
+
+    def _post(self, name):
+        def hook(mod, args, out):
+            if self.enabled:
+                _sync(self.device)
+                self.total[name] += self.clock() - mod._bench_t0
+        return hook
+
+
+def _gencomm_groups(model) -> Dict[str, List[torch.nn.Module]]:
+    link = model.link
+    return {"forward": [model], "encoders": list(model.encoders.values()),
+            "message_extractor": list(link.dme.values()),
+            "generator": list(link.safg.values()), "enhancer": list(link.enhancer.values())}
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(prog="bench train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--agents", type=int, default=3)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--types", default="m1,m2,m3,m4")
+    p.add_argument("--types", default="m1", help="comma-separated agent types (m1,m2,m3,m4)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="wall: elapsed time; cpu: this process's CPU time (steadier on a shared machine; "
+                        "with --threads 1 it is the single core's work; CPU devices only)")
+    p.add_argument("--family", default="sim",
+                   help="configs/<family>/types/<t>.yaml and configs/<family>/gencomm_link.yaml on the sim "
+                        "base (sim: the CPU encoders; opv2v_h: the field's, on the sim's 80 m range)")
+    p.add_argument("--link", type=json.loads, default=None,
+                   help="JSON object merged into the GenComm link of configs/sim/gencomm_link.yaml, e.g. "
+                        "'{\"generator\": {\"variant\": \"compact\", \"base_channels\": 16}}'")
+    p.add_argument("--also", type=_named_link, action="append", default=[], metavar="NAME=JSON",
+                   help="one more GenComm model, <t>_gencomm_NAME, with this link override, timed in the same "
+                        "rotation (e.g. reference='{\"generator\": {\"variant\": \"reference\", "
+                        "\"base_channels\": 8}}'); repeatable")
     args = p.parse_args(argv)
+    if args.link is not None and not isinstance(args.link, dict):
+        raise SystemExit(f"--link must be a JSON object, got {args.link!r}")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    from opencood_ext.data.batch import collate_samples
-    from opencood_ext.data.dataset import CooperativeDataset
-    from opencood_ext.experiment import build_model, cooperation_for, load_experiment
-    from synthetic import SyntheticReader
-
-    res = {}
+    if args.clock == "cpu" and device.type != "cpu":
+        raise SystemExit("--clock cpu measures CPU devices only")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    res: Dict[str, object] = {}
+    variants = [("none", "none", None), ("intermediate", "intermediate", None), ("gencomm", "gencomm", args.link)]
+    variants += [(f"gencomm_{name}", "gencomm", link) for name, link in args.also]
     for t in args.types.split(","):
-        for gencomm in (False, True):
-            cfg = load_experiment(_config(t, gencomm))
-            model = build_model(cfg).to(device)
-            reader = SyntheticReader(1, num_agents=args.agents, types=(t,) * args.agents)
-            coop = cooperation_for(model.fusion, True)
-            ds = CooperativeDataset(reader, cfg.data, model.voxel_sizes(), train=True, cooperation=coop)
-            batch = collate_samples([ds[0]]).to(device)
+        reader = SyntheticReader(1, num_agents=args.agents, types=(t,) * args.agents)
+        train_fns: Dict[str, Callable[[], None]] = {}
+        infer_fns: Dict[str, Callable[[], None]] = {}
+        timer = None
+        for tag, kind, link in variants:
+            model, batches = _model_and_batches(load_experiment(_config(t, kind, args.family, link)), reader,
+                                                device)
             opt = torch.optim.Adam(model.parameters(), 1e-4)
 
-            def step():
+            def step(model=model, opt=opt, batch=batches[True]):
+                model.train()
                 opt.zero_grad()
-                out = model(batch)
-                model.loss(out, batch).total.backward()
+                model.loss(model(batch), batch).total.backward()
                 opt.step()
-            tag = f"{t}_{'gencomm' if gencomm else 'none'}"
-            model.train()
-            step()  # warm-up
-            res[f"{tag}_train_step_s"] = _time(step, args.repeat, device)
-            model.eval()
-            ds.train = False
-            ds.cooperation = cooperation_for(model.fusion, False)
-            eval_batch = collate_samples([ds[0]]).to(device)
-            model.predict(eval_batch)  # warm-up
-            res[f"{tag}_inference_frame_s"] = _time(lambda: model.predict(eval_batch), args.repeat, device)
+
+            def infer(model=model, batch=batches[False]):
+                model.eval()
+                model.predict(batch)
+            train_fns[tag], infer_fns[tag] = step, infer
+            if kind == "gencomm":
+                res[f"{t}_{tag}_generator_params"] = sum(p.numel() for p in model.link.safg[t].parameters())
+            if tag == "gencomm":
+                timer = _ModuleTimer(_gencomm_groups(model), device, clock)
+        for phase, fns in (("train_step", train_fns), ("inference_frame", infer_fns)):
+            for fn in fns.values():
+                fn()  # warm-up
+                _sync(device)
+            times: Dict[str, List[float]] = {k: [] for k in fns}
+            timer.total.clear()
+            for _ in range(args.repeat):
+                for tag, fn in fns.items():
+                    timer.enabled = tag == "gencomm"
+                    t0 = clock()
+                    fn()
+                    _sync(device)
+                    times[tag].append(clock() - t0)
+                    timer.enabled = False
+            for tag in fns:
+                res[f"{t}_{tag}_{phase}_s"] = statistics.median(times[tag])
+            for tag, kind, _ in variants:
+                if kind == "gencomm":
+                    for other in ("intermediate", "none"):
+                        res[f"{t}_{tag}_over_{other}_{phase}"] = \
+                            res[f"{t}_{tag}_{phase}_s"] / res[f"{t}_{other}_{phase}_s"]
+            # the whole of predict() is the inference pass; in training, model.forward (no loss, backward)
+            short, whole = ("train", timer.total["forward"]) if phase == "train_step" \
+                else ("inference", sum(times["gencomm"]))
+            for name in ("encoders", "message_extractor", "generator", "enhancer"):
+                res[f"{t}_gencomm_{short}_share_{name}"] = timer.total[name] / whole
     res["agents_per_sample"] = args.agents
-    res["threads"] = args.threads
+    res["threads"] = torch.get_num_threads()
+    res["clock"] = args.clock
+    res["family"] = args.family
     res["device"] = str(device)
     return res
 

@@ -52,13 +52,14 @@ def _reference(inp, offset, weight, bias, stride, padding, dilation, mask):
     return out
 
 
+@pytest.mark.parametrize("method", ["sample_first", "project_first"])
 @pytest.mark.parametrize("stride,padding,dilation,groups,n_off,modulated", [
     (1, 1, 1, 1, 1, False),
     (1, 1, 1, 1, 1, True),
     (2, 1, 1, 2, 2, True),
     (1, 2, 2, 1, 2, False),
 ])
-def test_matches_plain_reference(stride, padding, dilation, groups, n_off, modulated):
+def test_matches_plain_reference(stride, padding, dilation, groups, n_off, modulated, method):
     g = torch.Generator().manual_seed(0)
     n, c_in, c_out, h, w, k = 2, 4, 4, 5, 6, 3
     inp = torch.randn(n, c_in, h, w, generator=g, dtype=torch.float64)
@@ -69,7 +70,7 @@ def test_matches_plain_reference(stride, padding, dilation, groups, n_off, modul
     weight = torch.randn(c_out, c_in // groups, k, k, generator=g, dtype=torch.float64)
     bias = torch.randn(c_out, generator=g, dtype=torch.float64)
     mask = torch.rand(n, n_off * k * k, h_out, w_out, generator=g, dtype=torch.float64) if modulated else None
-    got = deform_conv2d(inp, offset, weight, bias, stride, padding, dilation, mask)
+    got = deform_conv2d(inp, offset, weight, bias, stride, padding, dilation, mask, method=method)
     want = _reference(inp, offset, weight, bias, stride, padding, dilation, mask)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
@@ -100,7 +101,8 @@ def test_offset_layout_dy_then_dx():
     assert not torch.allclose(got[:, :, 0], want[:, :, 0])
 
 
-def test_gradcheck_float64():
+@pytest.mark.parametrize("method", ["sample_first", "project_first"])
+def test_gradcheck_float64(method):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(1, 2, 3, 3, generator=g, dtype=torch.float64, requires_grad=True)
     # Keep sample points away from integer coordinates, where bilinear is not differentiable.
@@ -109,7 +111,7 @@ def test_gradcheck_float64():
     bias = torch.randn(2, generator=g, dtype=torch.float64, requires_grad=True)
     mask = torch.rand(1, 9, 3, 3, generator=g, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
-        lambda a, o, wt, b, m: deform_conv2d(a, o, wt, b, 1, 1, 1, m),
+        lambda a, o, wt, b, m: deform_conv2d(a, o, wt, b, 1, 1, 1, m, method=method),
         (x, offset, weight, bias, mask))
 
 
@@ -134,3 +136,41 @@ def test_matches_torchvision():
         want = tv_ops.deform_conv2d(x, offset, weight, bias, padding=(1, 1), mask=m)
         got = deform_conv2d(x, offset, weight, bias, padding=1, mask=m)
         torch.testing.assert_close(got, want, atol=5e-4, rtol=1e-4)
+
+
+def test_auto_projects_first_only_when_cheaper(monkeypatch):
+    """auto: project_first for stride 1, groups 1 and G * C_out < C_in (the DME's 128 -> 64), else sample_first."""
+    import opencood_ext.models.deform_conv as dc
+
+    calls = []
+    real = dc._project_first
+    monkeypatch.setattr(dc, "_project_first", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(1, 8, 5, 5)
+    deform_conv2d(x, torch.randn(1, 18, 5, 5), torch.randn(4, 8, 3, 3), padding=1)
+    assert calls == [1]
+    deform_conv2d(x, torch.randn(1, 18, 5, 5), torch.randn(8, 8, 3, 3), padding=1)  # C_out == C_in
+    deform_conv2d(x, torch.randn(1, 18, 3, 3), torch.randn(4, 8, 3, 3), stride=2, padding=1)
+    deform_conv2d(x, torch.randn(1, 18, 5, 5), torch.randn(2, 4, 3, 3), padding=1)  # groups 2
+    assert calls == [1]
+    with pytest.raises(ValueError, match="method"):
+        deform_conv2d(x, torch.randn(1, 18, 5, 5), torch.randn(4, 8, 3, 3), padding=1, method="fast")
+
+
+def test_project_first_equals_sample_first_at_message_extractor_size():
+    """float32, the DME's layer (128 -> 64, 3x3) on a 24x40 map, offsets up to +-4 px: outputs and
+    the gradients of input, offset and weight agree to 1e-5 (relative to their scale)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 128, 24, 40, generator=g)
+    offset = (torch.rand(2, 18, 24, 40, generator=g) - 0.5) * 8
+    weight = torch.randn(64, 128, 3, 3, generator=g) * 0.03
+    results = {}
+    for method in ("sample_first", "project_first"):
+        leaves = [t.clone().requires_grad_() for t in (x, offset, weight)]
+        out = deform_conv2d(*leaves, padding=1, method=method)
+        out.square().sum().backward()
+        results[method] = [out.detach()] + [t.grad for t in leaves]
+    for name, a, b in zip(("output", "d input", "d offset", "d weight"), results["sample_first"],
+                          results["project_first"]):
+        scale = a.abs().max().item()
+        assert scale > 0, name
+        torch.testing.assert_close(b / scale, a / scale, atol=1e-5, rtol=0, msg=name)

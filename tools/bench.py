@@ -24,7 +24,7 @@ BENCHMARKS = {
     "iou": ("bench.rotated_iou", "BEV rotated-box IoU pairs per second, NMS time"),
     "ap": ("bench.ap_eval", "AP evaluation over 1000 frames x 50 boxes"),
     "sim": ("bench.sim", "simulator LiDAR agent-scans/s, rays/s vs bare Embree, camera cost"),
-    "train": ("bench.train_step", "training step / inference time per encoder type"),
+    "train": ("bench.train_step", "train step / inference frame: no fusion vs intermediate vs GenComm, module shares"),
     "gencomm": ("bench.gencomm_modules", "message extractor, generator, wire format cost"),
     "warp": ("bench.warp_sensitivity", "AP a trained detector loses when its own feature is warped"),
 }

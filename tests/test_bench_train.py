@@ -1,0 +1,48 @@
+"""bench/train_step.py: the rows the speed issue reads, consistent ratios and shares (no timing asserted)."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import train_step  # noqa: E402
+
+REF = '{"generator": {"variant": "reference", "base_channels": 8}}'
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    """main() sets torch's thread count; give the session its own back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_rows_ratios_and_shares():
+    res = train_step.main(["--repeat", "1", "--threads", "1", "--clock", "cpu", "--also", f"ref={REF}"])
+    for phase in ("train_step", "inference_frame"):
+        for tag in ("none", "intermediate", "gencomm", "gencomm_ref"):
+            assert res[f"m1_{tag}_{phase}_s"] > 0
+        for tag in ("gencomm", "gencomm_ref"):
+            assert res[f"m1_{tag}_over_intermediate_{phase}"] == pytest.approx(
+                res[f"m1_{tag}_{phase}_s"] / res[f"m1_intermediate_{phase}_s"])
+            assert res[f"m1_{tag}_over_none_{phase}"] == pytest.approx(
+                res[f"m1_{tag}_{phase}_s"] / res[f"m1_none_{phase}_s"])
+    for short in ("train", "inference"):
+        shares = [res[f"m1_gencomm_{short}_share_{n}"]
+                  for n in ("encoders", "message_extractor", "generator", "enhancer")]
+        assert all(0 < s < 1 for s in shares) and sum(shares) < 1
+    # the sim config's generator and the override's
+    assert res["m1_gencomm_generator_params"] == 69_616
+    assert res["m1_gencomm_ref_generator_params"] == 43_176
+    assert res["clock"] == "cpu" and res["family"] == "sim"
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(SystemExit):
+        train_step.main(["--also", "no_json_here"])
+    with pytest.raises(SystemExit):
+        train_step.main(["--link", "[1, 2]"])
+    with pytest.raises(SystemExit, match="no config file"):
+        train_step.main(["--family", "no_such_family", "--repeat", "1"])
