@@ -78,7 +78,7 @@ def test_evaluate_writes_intervals_and_the_frames_file(evaluated):
     # every GT detected in every frame: AP 1 on every resample; half of them: an interval below 1
     assert full.ap_ci["global"]["0.5"] == [1.0, 1.0]
     assert half.ap_ci["global"]["0.5"][1] < 1.0
-    assert "95% interval over 4 test scenes" in half.table()
+    assert "95% intervals over 4 test scenes, global order: IoU 0.3 [" in half.table()
 
 
 def test_compare_runs_pairs_the_same_frames(evaluated, capsys):

@@ -81,8 +81,8 @@ class EvalResult:
         for order, aps in self.ap.items():
             rows.append(f"{order:<12}" + "".join(f"{aps[t]:>9.4f}" for t in (0.3, 0.5, 0.7)))
         if self.ap_ci:
-            rows.append(f"95% interval over {self.num_scenes} test scenes (global order): " + ", ".join(
-                f"AP@{t} " + ("n/a" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]")
+            rows.append(f"95% intervals over {self.num_scenes} test scenes, global order: " + ", ".join(
+                f"IoU {t} " + ("n/a" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]")
                 for t, ci in self.ap_ci["global"].items()))
         rows.append(f"bytes per message: {self.bytes_per_message:.0f} (log2 {self.log2_bytes:.2f}), "
                     f"{self.collaborators_per_frame:.2f} collaborators/frame, "
