@@ -23,6 +23,7 @@ BENCHMARKS = {
     "loading": ("bench.data_loading", "PCD decoding + dataset samples/s: ours, ours with warm cache, Open3D"),
     "iou": ("bench.rotated_iou", "BEV rotated-box IoU pairs per second, NMS time"),
     "ap": ("bench.ap_eval", "AP evaluation over 1000 frames x 50 boxes"),
+    "bootstrap": ("bench.bootstrap", "scene-bootstrap AP intervals: 1000 resamples over 50 frames, vs re-matching"),
     "sim": ("bench.sim", "simulator LiDAR agent-scans/s, rays/s vs bare Embree, camera cost"),
     "train": ("bench.train_step", "train step / inference frame: no fusion vs intermediate vs GenComm, module shares"),
     "gencomm": ("bench.gencomm_modules", "message extractor, generator, wire format cost"),

@@ -177,6 +177,7 @@ class APAccumulator:
         self._tp: List[np.ndarray] = []  # per matched frame, (T, P) bool
         self._pending: List[Tuple[np.ndarray, np.ndarray]] = []  # (pred sorted, gt) not matched yet
         self._pending_pairs = 0
+        self._gt_counts: List[int] = []  # per frame
         self.num_gt = 0
 
     @property
@@ -198,6 +199,7 @@ class APAccumulator:
         self._pending.append((pred[order], gt))
         self._pending_pairs += len(pred) * len(gt)
         self.num_gt += len(gt)
+        self._gt_counts.append(len(gt))
         if self._pending_pairs >= self.batch_pairs:
             self._flush()
 
@@ -205,6 +207,13 @@ class APAccumulator:
         if self._pending:
             self._tp.extend(match_frames(self._pending, self.iou_thresholds))
         self._pending, self._pending_pairs = [], 0
+
+    def frame_decisions(self) -> Tuple[List[np.ndarray], List[np.ndarray], np.ndarray]:
+        """The matched frames in the order added: per frame the scores sorted high first (P,) and
+        the TP flags (T, P) bool (``iou_thresholds`` order), and the GT count of every frame (F,)
+        int64: what :mod:`opencood_ext.eval.bootstrap` resamples."""
+        self._flush()
+        return list(self._scores), list(self._tp), np.asarray(self._gt_counts, dtype=np.int64)
 
     def result(self, global_sort: bool) -> APResult:
         """AP, precision and recall per threshold for the chosen accumulation order."""

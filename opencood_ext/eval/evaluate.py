@@ -2,7 +2,10 @@
 accumulation orders (docs/formats.md section 4), bytes each collaborator sends per
 frame, time per frame, BEV images of detections vs ground truth, and the
 precision-recall curves (global order) as ``pr_<label>.png`` next to
-``eval_<label>.json``.
+``eval_<label>.json``. Every AP gets a 95% percentile-bootstrap interval over the test
+scenes (``ap_ci``, :mod:`opencood_ext.eval.bootstrap`); the per-frame matched detections it
+resamples go to ``eval_<label>_frames.npz``, so two runs can be compared paired
+(``tools/compare.py``).
 
 Every frame goes through :meth:`CooperativeDetector.predict`: each
 collaborator's message is encoded, passes the channel (pose noise, loss;
@@ -30,6 +33,7 @@ from tqdm import tqdm
 from opencood_ext.comm.channel import ChannelConfig
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.eval.ap import APAccumulator, format_ap_table, plot_pr_curves, pr_envelope
+from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap, frames_path
 from opencood_ext.eval.localisation import LocalisationStats, format_localisation
 from opencood_ext.eval.visibility import VisibilityRecall, visibility_groups
 from opencood_ext.viz import plot_agents_bev
@@ -44,7 +48,10 @@ class EvalResult:
     log2_bytes: log2 of that; frames, seconds_per_frame, num_gt, num_pred.
     pr_curves: the global-order PR curves, ``{"order": "global", "image": path of pr_<label>.png
     or None, "curves": {"0.3": {"recall": [...], "precision": [...]}, ...}}`` (each curve the
-    VOC envelope on a recall grid, :func:`~opencood_ext.eval.ap.pr_envelope`)."""
+    VOC envelope on a recall grid, :func:`~opencood_ext.eval.ap.pr_envelope`).
+    ap_ci: 95% interval of every AP, the same keys as ``ap`` (``[lo, hi]``, None where undefined),
+    percentile bootstrap over the ``num_scenes`` test scenes (``bootstrap``: how); ``frames_file``:
+    the per-frame records it resampled (``eval_<label>_frames.npz``, None without an out_dir)."""
 
     fusion: str
     ap: Dict[str, Dict[float, float]]
@@ -59,6 +66,10 @@ class EvalResult:
     localisation: Optional[Dict[str, dict]] = None  # opencood_ext.eval.localisation: box precision of found objects
     channel: Dict[str, object] = field(default_factory=dict)  # settings and counts: sent, lost, rejected
     pr_curves: Optional[dict] = None
+    ap_ci: Optional[Dict[str, Dict[str, Optional[List[float]]]]] = None
+    num_scenes: int = 0
+    bootstrap: Optional[dict] = None
+    frames_file: Optional[str] = None
 
     @property
     def log2_bytes(self) -> float:
@@ -70,6 +81,10 @@ class EvalResult:
         rows.append(f"{'order':<12}{'AP@0.3':>9}{'AP@0.5':>9}{'AP@0.7':>9}")
         for order, aps in self.ap.items():
             rows.append(f"{order:<12}" + "".join(f"{aps[t]:>9.4f}" for t in (0.3, 0.5, 0.7)))
+        if self.ap_ci:
+            rows.append(f"95% intervals over {self.num_scenes} test scenes, global order: " + ", ".join(
+                f"IoU {t} " + ("n/a" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]")
+                for t, ci in self.ap_ci["global"].items()))
         rows.append(f"bytes per message: {self.bytes_per_message:.0f} (log2 {self.log2_bytes:.2f}), "
                     f"{self.collaborators_per_frame:.2f} collaborators/frame, "
                     f"{self.seconds_per_frame * 1000:.0f} ms/frame")
@@ -101,14 +116,17 @@ def _plot_frame(dataset, index: int, dets, gt_boxes, path: Path, title: str) -> 
 
 
 def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0, max_frames: Optional[int] = None,
-             label: str = "", progress: bool = True, channel: Optional[ChannelConfig] = None) -> EvalResult:
+             label: str = "", progress: bool = True, channel: Optional[ChannelConfig] = None,
+             resamples: int = 1000, bootstrap_seed: int = 0) -> EvalResult:
     """Run ``model.predict`` over ``dataset`` one frame at a time (ego = first agent).
     Frames the dataset leaves out as bad (``skip_bad_frames``) are not counted in ``frames``.
 
     channel: pose noise / message loss (:class:`~opencood_ext.comm.channel.ChannelConfig`); the
     draws of frame i are keyed by i, so runs compared on the same frames meet the same channel.
     Besides AP, recall at IoU 0.5 is split by who sees each GT object: the ego, only a
-    collaborator, nobody (:mod:`opencood_ext.eval.visibility`), for every fusion method alike."""
+    collaborator, nobody (:mod:`opencood_ext.eval.visibility`), for every fusion method alike.
+    resamples / bootstrap_seed: the scene bootstrap behind ``ap_ci`` (the same seed draws the same
+    scenes for every run on the same split, so their intervals are comparable)."""
     model.eval()
     channel = channel or ChannelConfig()
     vis = VisibilityRecall(0.5)
@@ -120,6 +138,8 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
     collaborators = lost = 0
     rejected: Counter = Counter()
     images = []
+    scenes: List[str] = []
+    frame_keys: List[str] = []
     n = len(dataset) if max_frames is None else min(len(dataset), max_frames)
     loader = DataLoader(torch.utils.data.Subset(dataset, range(n)), batch_size=1, shuffle=False,
                         collate_fn=collate_samples)
@@ -136,6 +156,8 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         gt = batch.gt_boxes[0].cpu().numpy()
         boxes, scores = d.boxes.cpu().numpy(), d.scores.cpu().numpy()
         acc.add(boxes, scores, gt)
+        scenes.append(str(batch.scenarios[0]))
+        frame_keys.append(f"{batch.scenarios[0]}/{batch.timestamps[0]}")
         if vis_defined:
             groups = visibility_groups(dataset, i, gt)
             vis_defined = groups is not None
@@ -167,11 +189,16 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
     g = res["global"]
     result.pr_curves = {"order": g.order, "image": None,
                         "curves": {str(t): pr_envelope(g, t) for t in g.thresholds}}
+    records = FrameRecords.from_accumulator(acc, scenes, frame_keys)
+    if n:
+        boot = bootstrap_ap(records, resamples=resamples, seed=bootstrap_seed)
+        result.ap_ci, result.num_scenes, result.bootstrap = boot.ci_json(), boot.num_scenes, boot.method_json()
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         result.pr_curves["image"] = str(plot_pr_curves(g, out / f"pr_{label or model.fusion}.png"))
         name = f"eval_{label or model.fusion}"
+        result.frames_file = str(records.save(frames_path(out, label or model.fusion)))
         (out / f"{name}.json").write_text(json.dumps(result.to_json(), indent=2))
         (out / f"{name}.yaml").write_text(yaml.safe_dump(result.to_json(), sort_keys=False))
         log.info("wrote %s/%s.{json,yaml}\n%s", out, name, format_ap_table(res))

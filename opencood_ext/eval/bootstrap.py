@@ -1,0 +1,368 @@
+"""95% bootstrap intervals over test SCENES for AP, and paired differences between two methods.
+
+Frames of one scene (scenario) share the traffic, the buildings and the agents, so their
+errors are correlated: treating ~50 frames of 8 scenes as 50 independent draws would make the
+intervals far too narrow. The resampling unit is therefore the scene (DESIGN.md section 5): a
+resample draws ``S`` scenes with replacement out of the ``S`` test scenes and takes ALL frames
+of every drawn scene, as many times as the scene was drawn.
+
+The interval is the **percentile bootstrap** interval: the 2.5 % and 97.5 % percentiles
+(``numpy.nanpercentile``, linear interpolation) of the statistic over ``B`` resamples (default
+1000, seeded). Why this one: AP is a non-linear statistic of the whole PR curve with no usable
+variance formula; the percentile interval needs none, follows any monotone transform of AP and
+never leaves AP's range [0, 1]; BCa would need a jackknife acceleration estimated from only a
+handful of scenes, itself too noisy to correct anything. Its known weakness: with few scenes it
+under-covers (it cannot be wider than the scenes' spread), so the number of scenes is reported
+next to every interval.
+
+A comparison of two methods is a PAIRED bootstrap: both are evaluated on the same frames, every
+resample uses the same scene draw for both, and the statistic is ``AP(A) - AP(B)`` on that
+draw; the difference is significant at 95 % when its interval excludes 0. A method compared with
+itself gives exactly 0 on every resample (a zero-width interval).
+
+Speed: the IoU matching is done once per frame (:meth:`APAccumulator.frame_decisions`, the
+project's matching), so a resample only gathers per-frame arrays and computes the VOC area with
+:func:`~opencood_ext.eval.ap.voc_ap`. Resample order: frames keep their evaluation order, each
+repeated as often as its scene was drawn, so the identity resample (every scene once) reproduces
+the evaluation's frame order and both of its AP values exactly.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .ap import ORDER_GLOBAL, ORDER_PER_FRAME, APAccumulator, voc_ap
+
+ORDERS = (ORDER_GLOBAL, ORDER_PER_FRAME)
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class FrameRecords:
+    """Per-frame matched detections of one evaluation: all the bootstrap needs.
+
+    thresholds: (T,) IoU thresholds.
+    scores: (D,) float64, the detections of all frames, frame after frame, each frame's sorted
+        high first (the matching order).
+    tp: (T, D) bool, TP at ``thresholds[t]``.
+    offsets: (F + 1,) int64, frame f's detections are ``[offsets[f], offsets[f + 1])``.
+    num_gt: (F,) int64 GT boxes per frame.
+    scenes: (F,) str, the scene (scenario id) of each frame: the resampling unit.
+    frames: (F,) str, a unique key per frame (``scene/timestamp``) to pair two evaluations.
+    """
+
+    thresholds: Tuple[float, ...]
+    scores: np.ndarray
+    tp: np.ndarray
+    offsets: np.ndarray
+    num_gt: np.ndarray
+    scenes: np.ndarray
+    frames: np.ndarray
+
+    def __post_init__(self):
+        F, T = len(self.num_gt), len(self.thresholds)
+        if (len(self.scenes) != F or len(self.frames) != F or len(self.offsets) != F + 1
+                or self.tp.shape != (T, len(self.scores)) or self.offsets[-1] != len(self.scores)):
+            raise ValueError(f"FrameRecords: inconsistent shapes: {F} frames, {len(self.scenes)} scenes, "
+                             f"{len(self.frames)} keys, offsets {len(self.offsets)}, scores {self.scores.shape}, "
+                             f"tp {self.tp.shape}, {T} thresholds")
+        if len(set(self.frames.tolist())) != F:
+            raise ValueError("FrameRecords: frame keys must be unique")
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.num_gt)
+
+    @property
+    def scene_ids(self) -> List[str]:
+        """The distinct scenes in order of first appearance."""
+        return list(dict.fromkeys(self.scenes.tolist()))
+
+    @property
+    def num_scenes(self) -> int:
+        return len(self.scene_ids)
+
+    @classmethod
+    def from_accumulator(cls, acc: APAccumulator, scenes: Sequence[str],
+                         frames: Optional[Sequence[str]] = None) -> "FrameRecords":
+        """From an accumulator that has seen every frame; ``scenes[f]`` is frame f's scene id,
+        ``frames[f]`` its key (default ``scene/index``); keys that repeat get ``#k`` appended."""
+        scores, tps, num_gt = acc.frame_decisions()
+        if len(scenes) != len(num_gt) or (frames is not None and len(frames) != len(num_gt)):
+            raise ValueError(f"FrameRecords: {len(num_gt)} frames evaluated but {len(scenes)} scene ids"
+                             + ("" if frames is None else f" and {len(frames)} frame keys"))
+        keys = [f"{s}/{i}" for i, s in enumerate(scenes)] if frames is None else [str(k) for k in frames]
+        seen: Dict[str, int] = {}
+        for i, k in enumerate(keys):
+            seen[k] = seen.get(k, 0) + 1
+            if seen[k] > 1:
+                keys[i] = f"{k}#{seen[k] - 1}"
+        T = len(acc.iou_thresholds)
+        lengths = np.array([len(s) for s in scores], dtype=np.int64)
+        return cls(thresholds=tuple(acc.iou_thresholds),
+                   scores=np.concatenate(scores) if scores else np.zeros(0),
+                   tp=np.concatenate(tps, axis=1) if tps else np.zeros((T, 0), dtype=bool),
+                   offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), num_gt=num_gt,
+                   scenes=np.array([str(s) for s in scenes], dtype=str), frames=np.array(keys, dtype=str))
+
+    @classmethod
+    def from_detections(cls, frames: Iterable[tuple], thresholds: Sequence[float] = (0.3, 0.5, 0.7)
+                        ) -> "FrameRecords":
+        """From ``(pred_boxes (P, 7|5), scores (P,), gt_boxes (G, 7|5), scene[, frame key])`` per frame."""
+        acc, scenes, keys = APAccumulator(thresholds), [], []
+        for k, item in enumerate(frames):
+            if len(item) not in (4, 5):
+                raise ValueError(f"FrameRecords.from_detections: frame {k} must be (pred, scores, gt, scene"
+                                 f"[, key]), got {len(item)} items")
+            acc.add(*item[:3])
+            scenes.append(str(item[3]))
+            keys.append(str(item[4]) if len(item) == 5 else f"{item[3]}/{k}")
+        return cls.from_accumulator(acc, scenes, keys)
+
+    def save(self, path) -> Path:
+        """Write an ``.npz`` atomically (temporary file, then rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(fh, thresholds=np.asarray(self.thresholds, dtype=np.float64), scores=self.scores,
+                     tp=self.tp, offsets=self.offsets, num_gt=self.num_gt, scenes=self.scenes,
+                     frames=self.frames)
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path) -> "FrameRecords":
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no per-frame evaluation records (written by evaluate() "
+                                    f"next to eval_<label>.json)")
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in ("thresholds", "scores", "tp", "offsets", "num_gt", "scenes", "frames")
+                       if k not in z.files]
+            if missing:
+                raise ValueError(f"{path}: missing field(s) {missing}")
+            try:
+                return cls(thresholds=tuple(float(t) for t in z["thresholds"]), scores=z["scores"],
+                           tp=z["tp"].astype(bool), offsets=z["offsets"].astype(np.int64),
+                           num_gt=z["num_gt"].astype(np.int64), scenes=z["scenes"].astype(str),
+                           frames=z["frames"].astype(str))
+            except ValueError as exc:
+                raise ValueError(f"{path}: {exc}") from exc
+
+    def aligned_to(self, other: "FrameRecords") -> "FrameRecords":
+        """These records reordered to ``other``'s frame order, for pairing; raises unless both hold
+        exactly the same frames (keys), of the same scenes, at the same thresholds."""
+        if self.thresholds != other.thresholds:
+            raise ValueError(f"cannot pair evaluations at thresholds {self.thresholds} and {other.thresholds}")
+        pos = {k: i for i, k in enumerate(self.frames.tolist())}
+        missing = [k for k in other.frames.tolist() if k not in pos]
+        if missing or len(pos) != other.num_frames:
+            raise ValueError(f"cannot pair evaluations on different frames ({self.num_frames} vs "
+                             f"{other.num_frames} frames; e.g. {missing[:3] or sorted(set(pos) - set(other.frames))[:3]})")
+        order = np.array([pos[k] for k in other.frames.tolist()], dtype=np.int64)
+        if (self.scenes[order] != other.scenes).any():
+            raise ValueError("cannot pair evaluations: the same frame keys belong to different scenes")
+        lengths = np.diff(self.offsets)[order]
+        idx = _ranges(self.offsets[order], lengths)
+        return FrameRecords(self.thresholds, self.scores[idx], self.tp[:, idx],
+                            np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), self.num_gt[order],
+                            self.scenes[order], self.frames[order])
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for each start and length."""
+    total = int(lengths.sum())
+    shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return shift + np.arange(total, dtype=np.int64)
+
+
+def scene_draws(num_scenes: int, resamples: int, seed: int) -> np.ndarray:
+    """(B, S) int64: how often each scene is drawn in each of ``resamples`` draws of ``num_scenes``
+    scenes with replacement (``numpy.random.default_rng(seed)``); each row sums to S."""
+    if num_scenes < 1 or resamples < 1:
+        raise ValueError(f"scene_draws: need >= 1 scene and >= 1 resample, got {num_scenes}, {resamples}")
+    idx = np.random.default_rng(seed).integers(0, num_scenes, size=(resamples, num_scenes))
+    flat = idx + num_scenes * np.arange(resamples)[:, None]
+    return np.bincount(flat.ravel(), minlength=resamples * num_scenes).reshape(resamples, num_scenes)
+
+
+def resample_frames(records: FrameRecords, scene_counts: np.ndarray) -> np.ndarray:
+    """Frame indices of one resample: every frame in evaluation order, repeated as often as its scene
+    is drawn (``scene_counts[s]`` for the s-th of :attr:`FrameRecords.scene_ids`)."""
+    return np.repeat(np.arange(records.num_frames), np.asarray(scene_counts)[_scene_of(records)])
+
+
+def _scene_of(records: FrameRecords) -> np.ndarray:
+    """(F,) int64: each frame's position in :attr:`FrameRecords.scene_ids`."""
+    index = {s: k for k, s in enumerate(records.scene_ids)}
+    return np.array([index[s] for s in records.scenes.tolist()], dtype=np.int64)
+
+
+def _ap_of(records: FrameRecords, frames: np.ndarray) -> Dict[str, np.ndarray]:
+    """AP (T,) in both orders of the frames ``frames`` (indices, repeats allowed), exactly as
+    :class:`APAccumulator` computes it for those frames added in that order."""
+    starts = records.offsets[frames]
+    idx = _ranges(starts, records.offsets[frames + 1] - starts)
+    scores, tp = records.scores[idx], records.tp[:, idx]
+    num_gt = int(records.num_gt[frames].sum())
+    out = {}
+    for order in ORDERS:
+        flags = tp[:, np.argsort(-scores, kind="stable")] if order == ORDER_GLOBAL else tp
+        ap = np.full(len(records.thresholds), np.nan)
+        if num_gt > 0:
+            if flags.shape[1] == 0:
+                ap[:] = 0.0
+            else:
+                ctp = np.cumsum(flags, axis=1).astype(np.float64)
+                precision = ctp / np.arange(1, flags.shape[1] + 1, dtype=np.float64)
+                for t in range(len(ap)):
+                    ap[t] = voc_ap(ctp[t] / num_gt, precision[t])
+        out[order] = ap
+    return out
+
+
+def _samples(records: FrameRecords, draws: np.ndarray) -> Dict[str, np.ndarray]:
+    """{order: (B, T)} AP on each resample (rows of ``draws``, scene counts)."""
+    frames, scene_of = np.arange(records.num_frames), _scene_of(records)
+    per = [_ap_of(records, np.repeat(frames, row[scene_of])) for row in draws]
+    return {o: np.stack([p[o] for p in per]) for o in ORDERS}
+
+
+def _percentiles(samples: np.ndarray, level: float) -> np.ndarray:
+    """(2, T): lower and upper percentile per column, nan where every resample is nan."""
+    out = np.full((2, samples.shape[1]), np.nan)
+    tail = 100 * (1 - level) / 2
+    for t in range(samples.shape[1]):
+        col = samples[:, t]
+        if np.isfinite(col).any():
+            out[:, t] = np.nanpercentile(col, [tail, 100 - tail])
+    return out
+
+
+def _keyed(thresholds, values) -> Dict[str, object]:
+    return {str(t): v for t, v in zip(thresholds, values)}  # the keys of EvalResult.to_json()["ap"]
+
+
+def _json_interval(lo: float, hi: float) -> Optional[List[float]]:
+    return None if np.isnan(lo) or np.isnan(hi) else [float(lo), float(hi)]
+
+
+@dataclass
+class BootstrapAP:
+    """AP of one evaluation with its percentile interval over scene resamples.
+
+    ap / lo / hi: {order: (T,) array}; samples: {order: (B, T)}; thresholds: (T,).
+    """
+
+    thresholds: Tuple[float, ...]
+    ap: Dict[str, np.ndarray]
+    lo: Dict[str, np.ndarray]
+    hi: Dict[str, np.ndarray]
+    samples: Dict[str, np.ndarray] = field(repr=False)
+    num_scenes: int
+    resamples: int
+    seed: int
+    level: float = LEVEL
+
+    def ci_json(self) -> Dict[str, Dict[str, Optional[List[float]]]]:
+        """``{"global": {"0.3": [lo, hi], ...}, "per_frame": ...}`` (None where AP is undefined): the
+        same keys as the evaluation's ``ap``."""
+        return {o: _keyed(self.thresholds, [_json_interval(a, b) for a, b in zip(self.lo[o], self.hi[o])])
+                for o in ORDERS}
+
+    def method_json(self) -> Dict[str, object]:
+        return {"interval": f"percentile bootstrap, {self.level:.0%}", "unit": "scene",
+                "resamples": self.resamples, "seed": self.seed}
+
+
+@dataclass
+class PairedDifference:
+    """``AP(a) - AP(b)`` on the same frames: point estimate, percentile interval over the SAME scene
+    draws for both, and whether the interval excludes 0. Fields are {order: (T,) array}."""
+
+    thresholds: Tuple[float, ...]
+    diff: Dict[str, np.ndarray]
+    lo: Dict[str, np.ndarray]
+    hi: Dict[str, np.ndarray]
+    num_scenes: int
+    resamples: int
+    seed: int
+    level: float = LEVEL
+
+    def significant(self, order: str) -> np.ndarray:
+        """(T,) bool: the interval excludes 0."""
+        return (self.lo[order] > 0) | (self.hi[order] < 0)
+
+    def to_json(self) -> Dict[str, Dict[str, dict]]:
+        return {o: _keyed(self.thresholds, [
+            {"diff": float(d), "ci": _json_interval(a, b), "significant": bool(s)}
+            for d, a, b, s in zip(self.diff[o], self.lo[o], self.hi[o], self.significant(o))]) for o in ORDERS}
+
+
+def _check(resamples: int, level: float) -> None:
+    if resamples < 1:
+        raise ValueError(f"bootstrap: resamples must be >= 1, got {resamples}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"bootstrap: level must be in (0, 1), got {level}")
+
+
+def bootstrap_ap(records: FrameRecords, resamples: int = 1000, seed: int = 0, level: float = LEVEL,
+                 draws: Optional[np.ndarray] = None) -> BootstrapAP:
+    """Point AP (every frame once, evaluation order) and its percentile interval over ``resamples``
+    scene draws (or the given ``draws``, (B, S) scene counts)."""
+    _check(resamples, level)
+    if records.num_frames == 0:
+        raise ValueError("bootstrap_ap: no frames")
+    draws = scene_draws(records.num_scenes, resamples, seed) if draws is None else np.asarray(draws)
+    point = _ap_of(records, np.arange(records.num_frames))
+    samples = _samples(records, draws)
+    q = {o: _percentiles(samples[o], level) for o in ORDERS}
+    return BootstrapAP(records.thresholds, point, {o: q[o][0] for o in ORDERS}, {o: q[o][1] for o in ORDERS},
+                       samples, records.num_scenes, len(draws), seed, level)
+
+
+def paired_difference(a: FrameRecords, b: FrameRecords, resamples: int = 1000, seed: int = 0,
+                      level: float = LEVEL, draws: Optional[np.ndarray] = None) -> PairedDifference:
+    """``AP(a) - AP(b)`` with its paired percentile interval; ``b`` must hold the same frames."""
+    _check(resamples, level)
+    b = b.aligned_to(a)
+    draws = scene_draws(a.num_scenes, resamples, seed) if draws is None else np.asarray(draws)
+    pa, pb = _ap_of(a, np.arange(a.num_frames)), _ap_of(b, np.arange(b.num_frames))
+    sa, sb = _samples(a, draws), _samples(b, draws)
+    q = {o: _percentiles(sa[o] - sb[o], level) for o in ORDERS}
+    return PairedDifference(a.thresholds, {o: pa[o] - pb[o] for o in ORDERS}, {o: q[o][0] for o in ORDERS},
+                            {o: q[o][1] for o in ORDERS}, a.num_scenes, len(draws), seed, level)
+
+
+def frames_path(run_dir, label: str) -> Path:
+    """Where evaluate() writes the per-frame records of ``eval_<label>.json``."""
+    return Path(run_dir) / f"eval_{label}_frames.npz"
+
+
+def eval_labels(run_dir) -> List[str]:
+    """Labels of the evaluations in ``run_dir`` that have per-frame records."""
+    return sorted(p.name[len("eval_"):-len("_frames.npz")] for p in Path(run_dir).glob("eval_*_frames.npz"))
+
+
+def load_eval_records(run_dir, label: Optional[str] = None) -> Tuple[str, FrameRecords]:
+    """(label, records) of ``eval_<label>`` in ``run_dir``; without a label the folder must hold
+    exactly one evaluation with records."""
+    if label is None:
+        labels = eval_labels(run_dir)
+        if len(labels) != 1:
+            raise ValueError(f"{run_dir}: {'no' if not labels else 'several'} evaluations with per-frame "
+                             f"records ({', '.join(labels) or 'none'}); name one as RUN:LABEL")
+        label = labels[0]
+    return label, FrameRecords.load(frames_path(run_dir, label))
+
+
+def compare_runs(run_a, run_b, label_a: Optional[str] = None, label_b: Optional[str] = None,
+                 resamples: int = 1000, seed: int = 0, level: float = LEVEL) -> PairedDifference:
+    """Paired ``AP(run_a) - AP(run_b)`` of two evaluations of the same frames, from their folders."""
+    return paired_difference(load_eval_records(run_a, label_a)[1], load_eval_records(run_b, label_b)[1],
+                             resamples, seed, level)
