@@ -48,13 +48,19 @@ def _fwd_bwd(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
     return run
 
 
-def main(argv=None) -> Dict[str, object]:
-    p = argparse.ArgumentParser(prog="bench gencomm", description=__doc__)
+def timing_parser(prog: str, doc: str, quick: str) -> argparse.ArgumentParser:
+    """The options every module-timing benchmark takes: --reps, --threads, --device, --quick."""
+    p = argparse.ArgumentParser(prog=prog, description=doc)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: the 2-core dev box is shared; 0 leaves torch's default)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--quick", action="store_true", help="quarter-size maps (smoke run)")
+    p.add_argument("--quick", action="store_true", help=quick)
+    return p
+
+
+def main(argv=None) -> Dict[str, object]:
+    p = timing_parser("bench gencomm", __doc__, "quarter-size maps (smoke run)")
     p.add_argument("--safg-base", type=int, default=32, help="width of the compact generator UNet timed as 'safg'")
     a = p.parse_args(argv)
     if a.threads:

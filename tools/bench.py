@@ -27,6 +27,7 @@ BENCHMARKS = {
     "sim": ("bench.sim", "simulator LiDAR agent-scans/s, rays/s vs bare Embree, camera cost"),
     "train": ("bench.train_step", "train step / inference frame: no fusion vs intermediate vs GenComm, module shares"),
     "gencomm": ("bench.gencomm_modules", "message extractor, generator, wire format cost"),
+    "fusion": ("bench.fusion_ops", "fusion ops (max, att, V2X-ViT sim / reference setting): params, fwd+bwd time"),
     "warp": ("bench.warp_sensitivity", "AP a trained detector loses when its own feature is warped"),
 }
 

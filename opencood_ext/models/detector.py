@@ -37,9 +37,11 @@ from .fusion_methods import FUSION_METHODS, ModelOutput
 from .head import AnchorHead, HeadOutput
 from .links import LINKS
 from .losses import DetectionLoss, LossOutput
+from .v2xvit import V2XViTFusion
 
-FUSION_OPS = Registry("fusion op", "per-pixel fusion of the ego's and the received features (model.fusion_op)",
-                      {"att": AttFusion, "max": MaxFusion})
+FUSION_OPS = Registry("fusion op", "fusion of the ego's and the received features (model.fusion_op, "
+                      "its arguments in model.fusion_args)",
+                      {"att": AttFusion, "max": MaxFusion, "v2xvit": V2XViTFusion})
 
 
 @dataclass
@@ -57,6 +59,8 @@ class CooperativeDetector(nn.Module):
     agent_types: ``{type: {encoder: {...}, backbone: {...}, shrink_channels: 128}}``.
     lidar_range: the ego detection area (from ``data.lidar_range``).
     link: ``{type: full_feature | gencomm, ...}`` for intermediate fusion.
+    fusion_op / fusion_args: the fusion op (:data:`FUSION_OPS`) and its constructor arguments
+        (the width ``channels`` is derived), e.g. ``fusion_op: v2xvit, fusion_args: {depth: 1}``.
     anchors: AnchorGenerator arguments except the grid (sizes, rotations, z_center).
     pos_iou / neg_iou: target assignment thresholds (one, or one per class).
     loss: DetectionLoss arguments. depth_weight: LSS depth supervision weight.
@@ -72,7 +76,7 @@ class CooperativeDetector(nn.Module):
     """
 
     def __init__(self, agent_types: Dict[str, dict], lidar_range, fusion: str = "intermediate",
-                 fusion_op: str = "att", link: Optional[dict] = None,
+                 fusion_op: str = "att", fusion_args: Optional[dict] = None, link: Optional[dict] = None,
                  anchors: Optional[dict] = None, pos_iou: Union[float, List[float]] = 0.6,
                  neg_iou: Union[float, List[float]] = 0.45,
                  loss: Optional[dict] = None, depth_weight: float = 1.0,
@@ -108,8 +112,12 @@ class CooperativeDetector(nn.Module):
         self.link = build(spec, LINKS, "model.link", channels=self.channels,
                           agent_types=list(agent_types), lidar_range=self.lidar_range) \
             if self.method.needs_link else None
-        fuse_cls = FUSION_OPS.get_class(fusion_op, "model.fusion_op")
-        self.fuse = fuse_cls(self.channels) if fuse_cls is AttFusion else fuse_cls()
+        FUSION_OPS.get_class(fusion_op, "model.fusion_op")
+        if not isinstance(fusion_args or {}, dict) or "type" in (fusion_args or {}):
+            raise ValueError(f"model.fusion_args: a mapping of model.fusion_op's arguments, without 'type' "
+                             f"(the op is named by model.fusion_op), got {fusion_args!r}")
+        self.fuse = build({**dict(fusion_args or {}), "type": fusion_op}, FUSION_OPS, "model.fusion_args",
+                          channels=self.channels)
         if post_fusion_layers < 0:
             raise ValueError(f"model.post_fusion_layers must be >= 0, got {post_fusion_layers}")
         self.post_fusion = nn.Sequential(*[

@@ -46,11 +46,24 @@ def _pad_by_sample(features: Tensor, agents_per_sample: Sequence[int],
     return padded, ok
 
 
+def check_channels(op: nn.Module, features: Tensor) -> None:
+    """Refuse features (sum N, C, H, W) whose C is not the width ``op.channels`` was built for
+    (None: any width)."""
+    if op.channels is not None and features.dim() == 4 and features.shape[1] != op.channels:
+        raise ValueError(f"{type(op).__name__} built for {op.channels} channels, got {tuple(features.shape)}")
+
+
 class MaxFusion(nn.Module):
-    """Element-wise max over each sample's agents: (sum N, C, H, W) -> (B, C, H, W)."""
+    """Element-wise max over each sample's agents: (sum N, C, H, W) -> (B, C, H, W).
+    channels: the feature width (derived by the detector; None accepts any)."""
+
+    def __init__(self, channels: Optional[int] = None):
+        super().__init__()
+        self.channels = channels
 
     def forward(self, features: Tensor, agents_per_sample: Sequence[int],
                 valid: Optional[Tensor] = None) -> Tensor:
+        check_channels(self, features)
         x, ok = _pad_by_sample(features, agents_per_sample, valid)
         return x.masked_fill(~ok, float("-inf")).amax(dim=1)
 
@@ -70,8 +83,7 @@ class AttFusion(nn.Module):
 
     def forward(self, features: Tensor, agents_per_sample: Sequence[int],
                 valid: Optional[Tensor] = None) -> Tensor:
-        if features.dim() == 4 and features.shape[1] != self.channels:
-            raise ValueError(f"AttFusion built for {self.channels} channels, got {tuple(features.shape)}")
+        check_channels(self, features)
         x, ok = _pad_by_sample(features, agents_per_sample, valid)
         query = x[:, :1]  # (B, 1, C, H, W): the ego
         scores = (x * query).sum(dim=2, keepdim=True) / math.sqrt(self.channels)  # (B, L, 1, H, W)

@@ -84,6 +84,18 @@ def _messages(batch, rows: List[int], kind: str, payload: List[Tensor]) -> Messa
                     payload)
 
 
+def _ages(model, batch, arrived: Messages, per_sample: List[List[int]], device) -> Dict[str, Tensor]:
+    """``{"delays": (sum N,)}`` for a fusion op that encodes how old each row is (V2X-ViT's delay
+    encoding: ``model.fuse.needs_delays``), else {}: rows as fused (per sample the ego, age 0, then
+    its messages ``per_sample[b]``), ages = the ego's data time - the message's, in timestamp units."""
+    if not getattr(model.fuse, "needs_delays", False):
+        return {}
+    times = batch.agent_times or [0.0] * batch.num_agents
+    ego_t = [times[r] for r in batch.ego_index.tolist()]
+    ages = [a for b, mine in enumerate(per_sample) for a in [0.0] + [ego_t[b] - arrived.timestamp[k] for k in mine]]
+    return {"delays": torch.tensor(ages, dtype=torch.float32, device=device)}
+
+
 def ego_features(model, batch, feats: Tensor) -> Tensor:
     """(B, C, H, W) each ego's own feature in its (augmented) ego frame: the ego's input frame is
     its own, so only a camera ego's feature turns (by the augmentation) here."""
@@ -260,7 +272,8 @@ class IntermediateFusion(FusionMethod):
         own = ego_features(model, batch, feats)  # (B, C, H, W)
         B = own.shape[0]
         if not len(arrived):
-            return ModelOutput(model.detect(model.fuse(own, [1] * B, None)))
+            extra = _ages(model, batch, arrived, [[]] * B, own.device)
+            return ModelOutput(model.detect(model.fuse(own, [1] * B, None, **extra)))
         device = own.device
         T = arrived.T_ego_from_sender(batch.T_ego_from_world).to(device)
         H, W = model.grid.shape
@@ -274,11 +287,13 @@ class IntermediateFusion(FusionMethod):
             losses = model.link.losses(got, feats[torch.as_tensor(arrived.source_row, device=device)], T, valid)
         # per sample: the ego first, then its arrived messages in send order
         order = sorted(range(len(arrived)), key=lambda k: (arrived.receiver[k], arrived.source_row[k]))
-        rows, masks, counts = [], [], []
+        rows, masks, counts, per_sample = [], [], [], []
         for b in range(B):
             mine = [k for k in order if arrived.receiver[k] == b]
             rows += [own[b:b + 1]] + [got[k:k + 1] for k in mine]
             masks += [torch.ones(1, 1, H, W, device=device)] + [valid[k:k + 1] for k in mine]
             counts.append(1 + len(mine))
-        fused = model.fuse(torch.cat(rows), counts, torch.cat(masks))
+            per_sample.append(mine)
+        fused = model.fuse(torch.cat(rows), counts, torch.cat(masks),
+                           **_ages(model, batch, arrived, per_sample, device))
         return ModelOutput(model.detect(fused), losses=losses)
