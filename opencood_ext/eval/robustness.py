@@ -170,11 +170,10 @@ class _RunEvaluator:
         self.suffix = "" if self.split == self.cfg.eval.split else f"_{self.split}"
         self.max_frames = max_frames if max_frames is not None else self.cfg.eval.max_frames
         self.not_before = _weights_time(spec.run_dir)
-        self._frames: Optional[int] = None
 
     def evaluate(self, level: Level, channel: ChannelConfig, latency: int, fusion: Optional[str] = None) -> dict:
         from ..cli.inference import channel_label
-        from ..eval.evaluate import evaluate
+        from .evaluate import evaluate
         from ..experiment import build_dataset
         fusion = fusion or self.fusion
         label = channel_label(fusion, channel, latency, None) + self.suffix
