@@ -7,8 +7,10 @@
 3. onboard m3 into m1's alliance (stage 2: only m3's message extractor trains);
 4. evaluate everything on the test split with an m1 ego and m3 collaborators,
    and again with the same weights and the collaborators off (what cooperation
-   adds, paired), and write ``REPORT.md`` (tables + AP-vs-bytes plot) and
-   ``results.json``.
+   adds, paired);
+5. sweep every row under pose noise, latency and message loss on one seeded
+   channel (``robustness/``), and write ``REPORT.md`` (tables + AP-vs-bytes
+   plot + robustness curves) and ``results.json``.
 
 Every step is resumable: a finished run is skipped, an interrupted one
 continues from its last checkpoint. ``quick=True`` shrinks data and training
@@ -40,6 +42,7 @@ class Profile:
     frames: int
     overrides: List[str] = field(default_factory=list)
     onboard_epochs: Optional[int] = None
+    robustness: Dict[str, str] = field(default_factory=dict)  # sweep levels per effect; {}: the defaults
 
 
 PROFILES = {
@@ -48,7 +51,8 @@ PROFILES = {
     "default": Profile(scenarios=40, frames=6),
     "quick": Profile(scenarios=4, frames=3, onboard_epochs=1, overrides=[
         "train.epochs=1", "train.max_steps_per_epoch=2", "train.max_val_batches=1", "train.num_workers=0",
-        "eval.max_frames=3", "eval.plot_every=1"]),
+        "eval.max_frames=3", "eval.plot_every=1"],
+        robustness={"noise": "0,0.6", "latency": "0,3", "drop": "0,1"}),  # no level and the largest
 }
 
 # (method, config, fusion method used at evaluation)
@@ -99,6 +103,19 @@ def ego_only(run: Path, fusion: str, res: dict, profile: Profile) -> dict:
     return res if fusion == "none" else evaluate_run(run, "none", profile, "ego only")
 
 
+def robustness_sweep(rows: List[Dict], out: Path, profile: Profile, seed: int) -> Path:
+    """Every method row's run, as evaluated in the table, under pose noise, latency and message loss on
+    the same seeded channel (``tools/robustness.py``; reuses the evaluations already in the run
+    folders); -> ``out/robustness.json``."""
+    cmd = [sys.executable, "tools/robustness.py", "--sweep", "all", "-o", str(out), "--channel_seed", str(seed)]
+    for r in rows:
+        cmd += ["--runs", f"{r['method']}={r['run']}:{r['eval']['fusion']}"]
+    for effect, levels in profile.robustness.items():
+        cmd += [f"--{effect}", levels]
+    _run(cmd + _sets(profile.overrides))
+    return out / "robustness.json"
+
+
 def count_trainable(run: Path) -> int:
     """Parameters a run trained: an onboarding run's from its onboarding.json; a run of
     tools/train.py trains every parameter of its model."""
@@ -141,6 +158,7 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
                  "train_wall_s": onboarding["onboarding_wall_time_s"],
                  "trainable_params": onboarding["trainable_params_total"],
                  "note": f"stage 2 only; stage 1: m1 {stage1['m1']['wall']:.0f} s, m3 {stage1['m3']['wall']:.0f} s"})
+    robustness_sweep(rows, out / "robustness", profile, seed)
     results = {"profile": profile_name, "seed": seed, "data": str(data), "rows": rows,
                "onboarding": onboarding, "stage1_wall_s": {t: v["wall"] for t, v in stage1.items()},
                "total_wall_s": time.time() - started}

@@ -27,6 +27,13 @@ def test_quick_reproduction_end_to_end(tmp_path):
     assert 0 < gen["eval"]["bytes_per_message"] * 64 <= full["eval"]["bytes_per_message"] * 1.01
     assert results["onboarding"]["trainable_params_per_new_type"]["m3"] == gen["trainable_params"]
     assert gen["ego_only"]["bytes_per_message"] == 0 and gen["ego_only"]["fusion"] == "none"
+    # the robustness step: every method row at no channel effect and at the largest level of each
+    rob = json.loads((out / "robustness" / "robustness.json").read_text())
+    assert [r["label"] for r in rob["runs"]] == list(rows)
+    assert {k: e["levels"] for k, e in rob["effects"].items()} == {"noise": [0, 0.6], "latency": [0, 3], "drop": [0, 1]}
+    assert all(p["reused"] for e in rob["effects"].values() for ps in e["results"].values() for p in ps[:1])
+    assert "## Robustness: pose noise, latency and message loss" in report
+    assert (out / "robustness" / "robustness.png").stat().st_size > 0
     # a second run finds everything done and only re-evaluates
     again = subprocess.run([sys.executable, "tools/reproduce.py", "--quick", "--out", str(out), "--data", str(data)],
                            cwd=ROOT, capture_output=True, text=True, timeout=3600)

@@ -172,12 +172,18 @@ class LateFusion(FusionMethod):
         return ModelOutput(model.detect(ego_features(model, batch, feats)))
 
     def detect(self, model, batch, feats, arrived) -> List[Detections]:
-        own = model.decode(model.detect(ego_features(model, batch, feats)), gt_range=None)
+        # the ego's own boxes decoded exactly as without fusion (range filter before the max_boxes cut),
+        # so a sample whose messages were all lost detects exactly as fusion "none" does
+        own = model.decode(model.detect(ego_features(model, batch, feats)))
         T = arrived.T_ego_from_sender(batch.T_ego_from_world).to(feats.device)
         out = []
         for b, d in enumerate(own):
+            mine = [k for k, r in enumerate(arrived.receiver) if r == b]
+            if not mine:
+                out.append(d)
+                continue
             boxes, scores, labels = [d.boxes], [d.scores], [d.labels]
-            for k in (k for k, r in enumerate(arrived.receiver) if r == b):
+            for k in mine:
                 p = arrived.payload[k].reshape(-1, 9).to(feats.device)
                 boxes.append(transform_boxes(p[:, :7], T[k]))
                 scores.append(p[:, 7])
