@@ -61,7 +61,8 @@ def test_onboard_trains_exactly_the_papers_set_then_evaluates(stage1, tmp_path, 
     trains = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trains == {n for n, _ in model.named_parameters() if _under(n, TRAINS[method])} and trains
     assert m.trainable("m3") == TRAINS[method]
-    assert plan.config.train.lr == m.train_defaults["lr"] and plan.config.train.milestones == m.train_defaults["milestones"]
+    assert plan.config.train.lr == m.train_defaults["lr"]
+    assert plan.config.train.milestones == m.train_defaults["milestones"]
 
     out = tmp_path / method
     assert onboard.main(["--ego", str(stage1["m1"]), "--new", str(stage1["m3"]), "-o", str(out),

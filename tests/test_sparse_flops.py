@@ -26,7 +26,8 @@ def test_submanifold_pairs_are_every_active_neighbour():
     assert sparse_conv_pairs(coords, [7, 7, 7], (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), subm=True) == brute
 
 
-@pytest.mark.parametrize("kernel,stride,padding", [((3, 3, 3), (2, 2, 2), (1, 1, 1)), ((3, 1, 1), (2, 1, 1), (0, 0, 0))])
+@pytest.mark.parametrize("kernel,stride,padding",
+                         [((3, 3, 3), (2, 2, 2), (1, 1, 1)), ((3, 1, 1), (2, 1, 1), (0, 0, 0))])
 def test_strided_pairs_match_spconvs_rulebook(kernel, stride, padding):
     coords = _sites(1)
     conv = spconv.SparseConv3d(4, 8, kernel, stride=stride, padding=padding, bias=False, indice_key="k")

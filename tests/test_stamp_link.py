@@ -106,7 +106,8 @@ def test_each_alignment_term_trains_its_own_module():
     for term, trains in (("align_m2p", "adapter"), ("align_p2m", "reverter"), ("align_m2p2m", "reverter")):
         link.zero_grad(set_to_none=True)
         out[term].backward(retain_graph=True)
-        with_grad = {n.split(".")[0] for n, p in link.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+        with_grad = {n.split(".")[0] for n, p in link.named_parameters()
+                     if p.grad is not None and p.grad.abs().sum() > 0}
         assert with_grad == {trains}, term
     # a zero weight switches its term off
     quiet = StampLink(4, ["m1", "m2"], RANGE, protocol="m1", m2p_weight=0.0, p2m_weight=0.0)
