@@ -13,6 +13,10 @@ Counted per forward call of each leaf layer:
   (C_in / groups) * kh * kw, PLUS bilinear sampling, 4 MACs per sampled value
   (N * C_in * kh*kw * H_out*W_out values), plus 1 more per value when
   modulated. Its offset conv is a Conv2d and is counted as one.
+- spconv's sparse convolutions (SubMConv3d, SparseConv3d; SECOND): one
+  (C_in / groups) * C_out contraction per (input site, kernel offset) pair the
+  sparse conv actually forms, counted exactly from the input's active sites
+  (:func:`sparse_conv_pairs`), so a sparse conv costs what its sites cost.
 
 Not counted: activations, pooling, element-wise products (SE gate,
 attention-free gating), softmax, reshapes. ``torch.utils.flop_counter.
@@ -48,7 +52,59 @@ class FlopReport:
     by_type: Dict[str, int] = field(default_factory=dict)
 
 
+def _sparse_conv_types() -> tuple:
+    """spconv's sparse convolution class, when spconv is installed (it is optional)."""
+    try:
+        from spconv.pytorch.conv import SparseConvolution
+    except ImportError:
+        return ()
+    return (SparseConvolution,)
+
+
+def sparse_conv_pairs(indices: torch.Tensor, spatial_shape, kernel_size, stride, padding, dilation,
+                      subm: bool) -> int:
+    """(input site, kernel offset) pairs a sparse conv forms on active sites ``indices``
+    (N, 1 + D) ``[batch, d_1, ..., d_D]`` of a grid ``spatial_shape`` (D,).
+
+    Submanifold (``subm``): the output sites are the input sites; a pair is an input site and an
+    offset ``(k - k_size // 2) * dilation`` that lands on another (or the same) active site.
+    Regular: a pair is an input site ``p`` and an offset ``k`` for which ``p + padding -
+    k * dilation`` is a multiple of ``stride`` inside the output grid (that output site is then
+    active, so every such pair is one multiply of the gather-GEMM-scatter)."""
+    coords = indices[:, 1:].long()
+    shape = torch.as_tensor(list(spatial_shape), dtype=torch.long, device=coords.device)
+    ks, st, pad, dil = (torch.as_tensor(list(v), dtype=torch.long, device=coords.device)
+                        for v in (kernel_size, stride, padding, dilation))
+    offsets = torch.cartesian_prod(*[torch.arange(int(k), device=coords.device) for k in ks]).reshape(-1, len(ks))
+    if subm:
+        # linear index of each site over (batch, grid); a neighbour outside the grid is no site
+        place = torch.cat([shape[1:].flip(0).cumprod(0).flip(0), shape.new_ones(1)])
+        batch = indices[:, 0].long() * int(shape.prod())
+        active = batch + coords @ place
+        total = 0
+        for off in offsets:
+            q = coords + (off - ks // 2) * dil
+            inside = ((q >= 0) & (q < shape)).all(dim=1)
+            total += int(torch.isin(batch[inside] + q[inside] @ place, active).sum())
+        return total
+    out_shape = (shape + 2 * pad - dil * (ks - 1) - 1) // st + 1
+    total = 0
+    for off in offsets:
+        q = coords + pad - off * dil
+        o = torch.div(q, st, rounding_mode="floor")
+        total += int(((q % st == 0).all(dim=1) & (o >= 0).all(dim=1) & (o < out_shape).all(dim=1)).sum())
+    return total
+
+
 def _layer_macs(mod: nn.Module, args: tuple, out: Any) -> int:
+    sparse = _sparse_conv_types()
+    if sparse and isinstance(mod, sparse):
+        if mod.transposed or mod.inverse:
+            raise ValueError(f"FLOP count: transposed / inverse sparse convs ({type(mod).__name__}) are not counted")
+        x = args[0]
+        pairs = sparse_conv_pairs(x.indices, x.spatial_shape, mod.kernel_size, mod.stride, mod.padding,
+                                  mod.dilation, bool(mod.subm))
+        return pairs * (mod.in_channels // mod.groups) * mod.out_channels
     if isinstance(mod, DeformConv2d):
         x = args[0]  # args: (input, offset[, mask])
         mask = args[2] if len(args) > 2 else None
@@ -82,8 +138,8 @@ def profile_flops(module: nn.Module, inputs) -> FlopReport:
         if macs:
             by_type[type(mod).__name__] += int(macs)
 
-    handles = [m.register_forward_hook(hook) for m in module.modules()
-               if isinstance(m, (DeformConv2d, nn.Conv2d, nn.ConvTranspose2d, nn.Linear) + _NORMS)]
+    counted = (DeformConv2d, nn.Conv2d, nn.ConvTranspose2d, nn.Linear) + _NORMS + _sparse_conv_types()
+    handles = [m.register_forward_hook(hook) for m in module.modules() if isinstance(m, counted)]
     modes = [(m, m.training) for m in module.modules()]
     module.eval()
     try:

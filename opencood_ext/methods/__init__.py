@@ -4,5 +4,7 @@ method (:data:`.base.ONBOARDING`): BackAlign (HEAL), STAMP, MPDA, CodeFilling.
 GenComm itself lives in the :mod:`gencomm` package and registers the same way.
 """
 from .base import ONBOARDING, OnboardingMethod
+from . import backalign  # noqa: F401  (registers the backalign onboarding method)
+from . import stamp  # noqa: F401  (registers the stamp link and onboarding method)
 
 __all__ = ["ONBOARDING", "OnboardingMethod"]

@@ -8,7 +8,9 @@ trains. Methods register with ``@ONBOARDING.register(name)`` in their module.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Dict, List, Optional
+from typing import ClassVar, Dict, List, Optional, Tuple
+
+import torch
 
 from ..registry import Registry
 
@@ -41,3 +43,25 @@ class OnboardingMethod:
 
     def check_stage1(self, cfg, run: Path) -> None:
         """Raise ValueError when ``run`` cannot serve as a stage-1 run for this method."""
+
+    def cost(self, model, t: str, batch) -> Tuple[int, float]:
+        """(parameters, GFLOPs) of what trains for new type ``t`` (the modules ``trainable(t)`` names in
+        ``model``), the GFLOPs for one frame: each module run once on a (1, C, H, W) feature of the
+        model's grid. Override when what trains reads something else (BackAlign: the sensor input
+        of ``batch``, a collated :class:`~opencood_ext.data.batch.Batch`, unused here)."""
+        from ..eval.flops import count_flops, count_parameters
+
+        modules = [model.get_submodule(p) for p in self.trainable(t)]
+        x = torch.zeros(1, model.channels, *model.grid.shape, device=next(model.parameters()).device)
+        return (sum(count_parameters(m) for m in modules),
+                sum(count_flops(m, (x,)) for m in modules) / 1e9)
+
+
+def require_trained(run: Path, why: str) -> None:
+    """ValueError naming ``run`` and ``why`` it must hold stage-1 weights, when it has no checkpoint."""
+    from ..runs import checkpoint_of  # runs -> experiment -> this package
+
+    try:
+        checkpoint_of(run)
+    except FileNotFoundError as exc:
+        raise ValueError(f"{run}: {why}, but {exc}") from None

@@ -286,11 +286,18 @@ class IntermediateFusion(FusionMethod):
         valid = warp_mask(T, model.lidar_range, (H, W), device=device)
         receiver = torch.as_tensor(arrived.receiver, device=device)
         ego_types = [batch.agent_types[r] for r in batch.ego_index.tolist()]
-        got = model.link.receive(arrived.stacked().to(device), T, own[receiver],
-                                 [ego_types[r] for r in arrived.receiver], valid)
+        receiver_types = [ego_types[r] for r in arrived.receiver]
+        got = model.link.receive(arrived.stacked().to(device), T, own[receiver], receiver_types, valid)
         losses = {}
         if model.training:
-            losses = model.link.losses(got, feats[torch.as_tensor(arrived.source_row, device=device)], T, valid)
+            # a link that aligns both sides' features also gets the senders' types (message headers)
+            # and the receivers' own features (links module docstring)
+            context = {}
+            if getattr(model.link, "losses_take_context", False):
+                context = dict(sender_types=list(arrived.agent_type), receiver_features=own[receiver],
+                               receiver_types=receiver_types)
+            losses = model.link.losses(got, feats[torch.as_tensor(arrived.source_row, device=device)], T, valid,
+                                       **context)
         # per sample: the ego first, then its arrived messages in send order
         order = sorted(range(len(arrived)), key=lambda k: (arrived.receiver[k], arrived.source_row[k]))
         rows, masks, counts, per_sample = [], [], [], []

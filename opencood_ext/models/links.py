@@ -12,7 +12,12 @@ A link has two halves, run on different machines in reality:
   ego frame) and type for each, and ``valid`` (n, 1, H, W) the ego cells each
   sender covers -> (n, C, H, W) features in the ego frame, ready for fusion.
 * ``losses(received, sender_features, T_ego_from_sender, valid)``: auxiliary
-  training losses (the sender's real feature is at hand in training only).
+  training losses (the sender's real feature is at hand in training only). A
+  link whose class sets ``losses_take_context = True`` also gets, as keyword
+  arguments, ``sender_types`` (n,) from the message headers,
+  ``receiver_features`` (n, C, H, W) each receiver's own feature (ego frame) and
+  ``receiver_types`` (n,): what a link needs to align the two sides' feature
+  spaces (STAMP, :mod:`opencood_ext.methods.stamp`).
 
 ``payload_channels`` and ``wire_dtype`` say what crosses the network.
 :data:`LINKS` is the registry the ``model.link.type`` config key names;
