@@ -25,7 +25,8 @@ early      every LiDAR agent's     its raw points (1, P, 4)          merges, vox
            raw points
 late       the ego (training);     its decoded boxes (1, P, 9)       moves them in, rotated NMS
            every agent (eval)
-intermed.  every agent             the link's payload (m, H, W)      link.receive, fuse, detect
+intermed.  every agent             the link's payload (m, H, W) of   link.receive, fuse, detect
+                                   the link's kind (bev or codes)
 ========== ======================= ================================= ==========================
 """
 from __future__ import annotations
@@ -245,15 +246,17 @@ class IntermediateFusion(FusionMethod):
     def send(self, model, batch, feats) -> Messages:
         rows = _collaborators(batch)
         if not rows:
-            return Messages.empty(self.kind)
+            return Messages.empty(model.link.kind)
         payload = model.link.send(feats[rows], [batch.agent_types[r] for r in rows])
-        return _messages(batch, rows, self.kind, list(payload))
+        return _messages(batch, rows, model.link.kind, list(payload))
 
     def wire_dtype(self, model) -> str:
         return model.link.wire_dtype
 
     def accept(self, model) -> Acceptance:
-        return Acceptance(kind=self.kind, shape=(model.link.payload_channels, *model.grid.shape),
+        # the link says what crosses the wire: its kind ("bev" maps, or "codes": integer codebook
+        # indices sent as uint8 / uint16), payload_channels planes on the grid, and wire_dtype
+        return Acceptance(kind=model.link.kind, shape=(model.link.payload_channels, *model.grid.shape),
                           agent_types=set(model.encoders))
 
     def receive(self, model, batch, feats, arrived) -> ModelOutput:
