@@ -270,8 +270,12 @@ class IntermediateFusion(FusionMethod):
         valid = warp_mask(T, model.lidar_range, (H, W), device=device)
         receiver = torch.as_tensor(arrived.receiver, device=device)
         ego_types = [batch.agent_types[r] for r in batch.ego_index.tolist()]
+        # a link whose receiver treats senders by type (MPDA's per-type adapters) sets
+        # reads_sender_types and gets each message's type from its header
+        extra = {"sender_types": list(arrived.agent_type)} if getattr(model.link, "reads_sender_types", False) \
+            else {}
         got = model.link.receive(arrived.stacked().to(device), T, own[receiver],
-                                 [ego_types[r] for r in arrived.receiver], valid)
+                                 [ego_types[r] for r in arrived.receiver], valid, **extra)
         losses = {}
         if model.training:
             losses = model.link.losses(got, feats[torch.as_tensor(arrived.source_row, device=device)], T, valid)
