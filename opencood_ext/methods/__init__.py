@@ -4,5 +4,6 @@ method (:data:`.base.ONBOARDING`): BackAlign (HEAL), STAMP, MPDA, CodeFilling.
 GenComm itself lives in the :mod:`gencomm` package and registers the same way.
 """
 from .base import ONBOARDING, OnboardingMethod
+from . import mpda  # noqa: F401  (registers the mpda link and onboarding method)
 
 __all__ = ["ONBOARDING", "OnboardingMethod"]
