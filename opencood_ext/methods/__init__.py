@@ -5,5 +5,6 @@ GenComm itself lives in the :mod:`gencomm` package and registers the same way.
 """
 from .base import ONBOARDING, OnboardingMethod
 from . import mpda  # noqa: F401  (registers the mpda link and onboarding method)
+from . import codefilling  # noqa: F401  (registers the codefilling link and onboarding method)
 
 __all__ = ["ONBOARDING", "OnboardingMethod"]
