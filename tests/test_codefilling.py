@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from opencood_ext.comm.messages import Acceptance, Messages, transmit
+from opencood_ext.comm.messages import Messages, transmit
 from opencood_ext.comm.wire import HEADER_SIZE
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
