@@ -37,7 +37,7 @@ def test_config_builds(path):
     cfg = load_experiment(path)
     model = build_model(cfg)
     assert model.grid.shape[0] > 0
-    if cfg.stage.new_types and cfg.stage.method == "gencomm":  # the baselines: tests/test_backalign_stamp.py
+    if cfg.stage.new_types and cfg.stage.method == "gencomm":  # the baselines' stage 2: tests/test_onboard_*.py
         assert model.link is not None and set(cfg.stage.new_types) <= set(model.link.dme)
         assert cfg.model["link"]["generation_weight"] == 0.0
         assert cfg.train.lr == pytest.approx(5e-4)

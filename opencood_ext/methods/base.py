@@ -8,10 +8,13 @@ trains. Methods register with ``@ONBOARDING.register(name)`` in their module.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Dict, List, Optional, Tuple
+from typing import Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
+from ..eval.flops import profile_flops
 from ..registry import Registry
 
 ONBOARDING = Registry("onboarding method", "how new agent types join a frozen alliance (tools/onboard.py --method); "
@@ -45,16 +48,68 @@ class OnboardingMethod:
         """Raise ValueError when ``run`` cannot serve as a stage-1 run for this method."""
 
     def cost(self, model, t: str, batch) -> Tuple[int, float]:
-        """(parameters, GFLOPs) of what trains for new type ``t`` (the modules ``trainable(t)`` names in
-        ``model``), the GFLOPs for one frame: each module run once on a (1, C, H, W) feature of the
-        model's grid. Override when what trains reads something else (BackAlign: the sensor input
-        of ``batch``, a collated :class:`~opencood_ext.data.batch.Batch`, unused here)."""
-        from ..eval.flops import count_flops, count_parameters
+        """(trainable parameters, GFLOPs) of what trains for new type ``t``: the parameters under
+        ``trainable(t)`` (exact; a module shared by several prefixes counted once), and the FLOPs
+        of those modules in one forward pass of ``model`` on ``batch`` (eval mode, no gradients),
+        per agent of type ``t`` in it (:mod:`opencood_ext.eval.flops` conventions: its layers,
+        deformable conv included). Methods whose trainable part is cheaper to profile on a
+        feature map override this."""
+        mods = _modules_under(model, self.trainable(t))
+        count = sum(a == t for a in batch.agent_types)
+        if not count:
+            raise ValueError(f"cost of type {t}: the batch has no agent of that type ({batch.agent_types})")
+        was = model.training
+        model.eval()
+        try:
+            flops = profile_flops(_Probe(mods, lambda: model(batch)), ()).flops
+        finally:
+            model.train(was)
+        return count_unique_parameters(mods), flops / count / 1e9
 
-        modules = [model.get_submodule(p) for p in self.trainable(t)]
-        x = torch.zeros(1, model.channels, *model.grid.shape, device=next(model.parameters()).device)
-        return (sum(count_parameters(m) for m in modules),
-                sum(count_flops(m, (x,)) for m in modules) / 1e9)
+
+def _modules_under(model: nn.Module, prefixes: Sequence[str]) -> List[nn.Module]:
+    named = dict(model.named_modules())
+    missing = [p for p in prefixes if p not in named]
+    if missing:
+        raise ValueError(f"trainable prefixes {missing} name no module of the model")
+    return [named[p] for p in prefixes]
+
+
+def count_unique_parameters(modules: Sequence[nn.Module]) -> int:
+    """Parameters of ``modules``, each tensor once."""
+    return sum(p.numel() for p in {id(p): p for m in modules for p in m.parameters()}.values())
+
+
+class _Probe(nn.Module):
+    """Holds ``modules`` as its only submodules (so flop hooks go on them alone) and runs ``run``."""
+
+    def __init__(self, modules: Sequence[nn.Module], run: Callable[[], object]):
+        super().__init__()
+        self.parts = nn.ModuleList(modules)
+        self._run = run
+
+    def forward(self):
+        return self._run()
+
+
+def feature_macs(module: nn.Module, inputs: tuple) -> int:
+    """Multiply-accumulates of ``module(*inputs)``: its layers as :func:`profile_flops` counts
+    them, plus the batched matmuls between activations (attention scores and mixing, codebook
+    distances and look-ups), which no layer hook sees (``FlopCounterMode``'s bmm count / 2)."""
+    with FlopCounterMode(display=False) as counter:
+        layers = profile_flops(module, inputs).macs
+    bmm = counter.get_flop_counts().get("Global", {}).get(torch.ops.aten.bmm, 0)
+    return layers + int(bmm) // 2
+
+
+def feature_map_cost(model, prefixes: Sequence[str]) -> Tuple[int, float]:
+    """(parameters, GFLOPs) of the modules at ``prefixes``, each run once on a (1, C, H, W) feature of
+    the model's grid: for trainable parts that read a BEV feature whichever side of the link they sit on."""
+    from ..eval.flops import count_flops
+
+    modules = _modules_under(model, prefixes)
+    x = torch.zeros(1, model.channels, *model.grid.shape, device=next(model.parameters()).device)
+    return count_unique_parameters(modules), sum(count_flops(m, (x,)) for m in modules) / 1e9
 
 
 def require_trained(run: Path, why: str) -> None:

@@ -42,7 +42,7 @@ Two differences, both forced by this framework's data and named here:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Literal, Optional
+from typing import Tuple, TYPE_CHECKING, Dict, List, Literal, Optional
 
 import torch
 from torch import Tensor, nn
@@ -50,7 +50,7 @@ from torch.nn import functional as F
 
 from ..models.links import LINKS
 from ..models.warp import warp_mask, warp_to_ego
-from .base import ONBOARDING, OnboardingMethod, require_trained
+from .base import ONBOARDING, OnboardingMethod, feature_map_cost, require_trained
 
 if TYPE_CHECKING:  # the experiment builder imports this package
     from ..experiment import ExperimentConfig
@@ -220,6 +220,11 @@ class StampOnboarding(OnboardingMethod):
 
     def trainable(self, t: str) -> List[str]:
         return [f"link.adapter.{t}", f"link.reverter.{t}"]
+
+    def cost(self, model, t: str, batch=None) -> Tuple[int, float]:
+        """Adapter (sender side) and reverter (receiver side) each once on a feature map: both
+        train, though a frame with an m1 ego runs only the adapter."""
+        return feature_map_cost(model, self.trainable(t))
 
     def check_stage1(self, cfg: ExperimentConfig, run: Path) -> None:
         """The new type's encoder is used frozen, as trained in stage 1: the run must hold weights."""

@@ -25,7 +25,8 @@ early      every LiDAR agent's     its raw points (1, P, 4)          merges, vox
            raw points
 late       the ego (training);     its decoded boxes (1, P, 9)       moves them in, rotated NMS
            every agent (eval)
-intermed.  every agent             the link's payload (m, H, W)      link.receive, fuse, detect
+intermed.  every agent             the link's payload (m, H, W) of   link.receive, fuse, detect
+                                   the link's kind (bev or codes)
 ========== ======================= ================================= ==========================
 """
 from __future__ import annotations
@@ -263,15 +264,17 @@ class IntermediateFusion(FusionMethod):
     def send(self, model, batch, feats) -> Messages:
         rows = _collaborators(batch)
         if not rows:
-            return Messages.empty(self.kind)
+            return Messages.empty(model.link.kind)
         payload = model.link.send(feats[rows], [batch.agent_types[r] for r in rows])
-        return _messages(batch, rows, self.kind, list(payload))
+        return _messages(batch, rows, model.link.kind, list(payload))
 
     def wire_dtype(self, model) -> str:
         return model.link.wire_dtype
 
     def accept(self, model) -> Acceptance:
-        return Acceptance(kind=self.kind, shape=(model.link.payload_channels, *model.grid.shape),
+        # the link says what crosses the wire: its kind ("bev" maps, or "codes": integer codebook
+        # indices sent as uint8 / uint16), payload_channels planes on the grid, and wire_dtype
+        return Acceptance(kind=model.link.kind, shape=(model.link.payload_channels, *model.grid.shape),
                           agent_types=set(model.encoders))
 
     def receive(self, model, batch, feats, arrived) -> ModelOutput:
@@ -287,7 +290,11 @@ class IntermediateFusion(FusionMethod):
         receiver = torch.as_tensor(arrived.receiver, device=device)
         ego_types = [batch.agent_types[r] for r in batch.ego_index.tolist()]
         receiver_types = [ego_types[r] for r in arrived.receiver]
-        got = model.link.receive(arrived.stacked().to(device), T, own[receiver], receiver_types, valid)
+        # a link whose receiver treats senders by type (MPDA's per-type adapters) sets
+        # reads_sender_types and gets each message's type from its header
+        extra = {"sender_types": list(arrived.agent_type)} if getattr(model.link, "reads_sender_types", False) \
+            else {}
+        got = model.link.receive(arrived.stacked().to(device), T, own[receiver], receiver_types, valid, **extra)
         losses = {}
         if model.training:
             # a link that aligns both sides' features also gets the senders' types (message headers)
