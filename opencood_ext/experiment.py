@@ -14,13 +14,14 @@ To add a section, add a field here.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from opencood_ext.config import ConfigError, load_config
+from opencood_ext.config import ConfigError, config_to_dict, load_config
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset, DataConfig
 from opencood_ext.data.errors import DataFormatError
@@ -74,6 +75,20 @@ class ExperimentConfig:
 
 def load_experiment(path, overrides: Sequence[str] = ()) -> ExperimentConfig:
     return load_config(path, ExperimentConfig, overrides)
+
+
+def join_types(ego: ExperimentConfig, others: Dict[str, ExperimentConfig]) -> dict:
+    """The ego's experiment as a plain dict with the agent types of ``others`` ({type: the experiment
+    of a run that holds it}) added to ``data`` and ``model``, assigned ego, then each new type in
+    turn, over the sorted agents: the alliance of separately trained runs."""
+    d = copy.deepcopy(config_to_dict(ego))
+    ego_types = list(d["model"].get("agent_types", {}))
+    for t, cfg in others.items():
+        nd = config_to_dict(cfg)
+        d["data"]["agent_types"][t] = nd["data"]["agent_types"][t]
+        d["model"]["agent_types"][t] = nd["model"]["agent_types"][t]
+    d["data"]["modality"] = "cycle:" + ",".join([*ego_types, *others])
+    return d
 
 
 def build_model(cfg: ExperimentConfig) -> CooperativeDetector:

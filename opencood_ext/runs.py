@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
-from .experiment import ExperimentConfig, build_model, load_experiment
+from .config import config_from_dict
+from .experiment import ExperimentConfig, build_model, join_types, load_experiment
 from .models.detector import CooperativeDetector
 from .training.checkpoint import load_model_state
 
@@ -36,3 +37,31 @@ def set_fusion(model: CooperativeDetector, method: str) -> None:
     """Run a trained model with another fusion method (e.g. late fusion of an ego-only detector;
     "no" is accepted for "none", as OpenCOOD's ``--fusion_method no``)."""
     model.set_fusion(FUSION_ALIASES.get(method, method))
+
+
+def late_fusion_of(runs: Dict[str, Path], ego_type: str) -> Tuple[ExperimentConfig, CooperativeDetector]:
+    """Late fusion of separately trained single-type runs (the stage-1 runs): one model holding every
+    type's encoder stack, where each agent detects with its OWN run's head and sends its boxes, and
+    the ego (``ego_type``'s run) merges them. ``runs``: {agent type: run folder holding that type}."""
+    if ego_type not in runs:
+        raise ValueError(f"late fusion needs the ego type {ego_type}'s run; given {sorted(runs)}")
+    loaded = {t: load_run(r) for t, r in runs.items()}
+    for t, (cfg, _) in loaded.items():
+        if list(cfg.model.get("agent_types", {})) != [t]:
+            raise ValueError(f"{runs[t]}: expected a run of type {t} alone, it holds "
+                             f"{list(cfg.model.get('agent_types', {}))}")
+    ego_cfg = loaded[ego_type][0]
+    d = join_types(ego_cfg, {t: c for t, (c, _) in loaded.items() if t != ego_type})
+    d["name"] = "late_" + "_".join(runs)
+    d["model"]["fusion"] = "late"
+    d["model"].pop("link", None)
+    cfg = config_from_dict(ExperimentConfig, d)
+    model = build_model(cfg)
+    for t, (_, member) in loaded.items():
+        model.encoders[t].load_state_dict(member.encoders[t].state_dict())
+        if t == ego_type:
+            model.post_fusion.load_state_dict(member.post_fusion.state_dict())
+            model.head.load_state_dict(member.head.state_dict())
+        else:
+            model.sender_detectors[t] = member
+    return cfg, model.eval()

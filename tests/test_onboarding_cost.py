@@ -6,8 +6,8 @@ import torch
 
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
-from opencood_ext.eval.dynamic import onboarding_cost
 from opencood_ext.methods import ONBOARDING
+from opencood_ext.methods.base import feature_map_cost
 from opencood_ext.models.detector import CooperativeDetector
 import gencomm  # noqa: F401  (registers GenComm's link and onboarding method)
 from synthetic import SyntheticReader
@@ -33,7 +33,7 @@ def test_default_cost_is_the_dme_per_agent_of_the_type(types):
     batch = collate_samples([ds[0]])
     model.train()
     params, gflops = ONBOARDING.get_class("gencomm")().cost(model, "m3", batch)
-    want_params, want_gflops = onboarding_cost(model, "m3")
+    want_params, want_gflops = feature_map_cost(model, ["link.dme.m3"])  # the DME alone on one feature map
     assert params == want_params and gflops == pytest.approx(want_gflops, rel=1e-9) and gflops > 0
     assert model.training  # the model's mode is restored
     with pytest.raises(ValueError, match="name no module"):

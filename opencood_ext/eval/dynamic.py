@@ -1,8 +1,11 @@
 """Dynamic evaluation: agent types join the ego's alliance one after another
 (ego m1; then m1 + m2; then m1 + m2 + m3; ...) and each step is evaluated, as in
 the paper's tables. Each row gives AP, the bytes one collaborator sends per
-frame and what it cost to onboard the newest type (trainable parameters and
-FLOPs of its message extractor at the model's feature size).
+frame and what it cost to onboard the newest type: the trainable parameters
+and GFLOPs of what the run's onboarding method trains for it
+(:meth:`~opencood_ext.methods.base.OnboardingMethod.cost`; GenComm: its message
+extractor). Each alliance's evaluation is written as ``eval_dyn_<types>.json``
+(with its per-frame records, so alliances and runs can be compared pairwise).
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ import torch
 
 from .evaluate import EvalResult, evaluate
 from ..experiment import ExperimentConfig, build_dataset
-from .flops import count_flops, count_parameters
+from ..data.batch import collate_samples
+from ..methods.base import ONBOARDING
 
 
 @dataclass
@@ -31,18 +35,23 @@ class DynamicRow:
         return self.types[0] if len(self.types) == 1 else "+" + self.types[-1]
 
 
-def onboarding_cost(model, agent_type: str):
-    """(trainable parameters, GFLOPs) of ``agent_type``'s message extractor on one feature map."""
-    if model.link is None or not hasattr(model.link, "dme") or agent_type not in model.link.dme:
+def onboarding_cost(cfg: ExperimentConfig, model, dataset, agent_type: str):
+    """(trainable parameters, GFLOPs per frame) of what the run's onboarding method trains for
+    ``agent_type``; (None, None) when the run is no onboarding of that type or no frame has one."""
+    if agent_type not in cfg.stage.new_types:
         return None, None
-    dme = model.link.dme[agent_type]
-    H, W = model.grid.shape
-    x = torch.zeros(1, model.channels, H, W, device=next(dme.parameters()).device)
-    return count_parameters(dme), count_flops(dme, (x,)) / 1e9
+    method = ONBOARDING.get_class(cfg.stage.method, "stage.method")()
+    for i in range(min(len(dataset), 50)):  # a frame where the type takes part
+        sample = dataset[i]
+        if sample is not None and any(a.agent_type == agent_type for a in sample.agents):
+            batch = collate_samples([sample]).to(next(model.parameters()).device)
+            with torch.no_grad():
+                return method.cost(model, agent_type, batch)
+    return None, None
 
 
 def run_dynamic(cfg: ExperimentConfig, model, order: Sequence[str], split: str,
-                out_dir: Optional[Path] = None, max_frames: Optional[int] = None) -> List[DynamicRow]:
+                out_dir: Optional[Path] = None, max_frames: Optional[int] = None, channel=None) -> List[DynamicRow]:
     """Evaluate the alliance ``order[:1]``, ``order[:2]``, ... with the same trained model."""
     missing = [t for t in order if t not in model.encoders]
     if missing:
@@ -53,8 +62,10 @@ def run_dynamic(cfg: ExperimentConfig, model, order: Sequence[str], split: str,
         sub = copy.deepcopy(cfg)
         sub.data.agent_types = {t: cfg.data.agent_types[t] for t in types}
         dataset = build_dataset(sub, split, train=False, fusion=model.fusion)
-        res = evaluate(model, dataset, out_dir=None, max_frames=max_frames, label="+".join(types))
-        params, gflops = onboarding_cost(model, types[-1]) if k > 1 else (None, None)
+        torch.manual_seed(cfg.train.seed)  # GenComm's diffusion noise: the same draws for every alliance
+        res = evaluate(model, dataset, out_dir=out_dir, max_frames=max_frames, label="dyn_" + "+".join(types),
+                       channel=channel)
+        params, gflops = onboarding_cost(cfg, model, dataset, types[-1]) if k > 1 else (None, None)
         rows.append(DynamicRow(types, res, params, gflops))
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)

@@ -93,6 +93,8 @@ class CooperativeDetector(nn.Module):
         self.train_message_drop = float(train_message_drop)
         self.voxel_caps = dict(voxel_caps or {})
         self.wire_dtype: Optional[str] = None  # run-time override of the payload dtype (float kinds)
+        # late fusion of separately trained models: a type's own detector (sender_detections)
+        self.sender_detectors = nn.ModuleDict()
         self.encoders = nn.ModuleDict({
             t: build(spec, {"stack": EncoderStack}, f"model.agent_types.{t}", default_type="stack",
                      lidar_range=self.lidar_range)
@@ -173,6 +175,19 @@ class CooperativeDetector(nn.Module):
         """(N, C, H, W) fused (or single-agent) BEV maps -> head maps: the post-fusion layers,
         then the 1x1 head. Every detection path goes through here."""
         return self.head(self.post_fusion(bev))
+
+    def sender_detections(self, bev: Tensor, agent_types: List[str]) -> List[Detections]:
+        """Late fusion's sender side: each agent's own boxes from its (N, C, H, W) map, unfiltered by
+        the receiver's range. A type in ``sender_detectors`` detects with its own separately trained
+        model (late fusion of stage-1 runs, :func:`opencood_ext.runs.late_fusion_of`); the others
+        with this model's head."""
+        out: List[Optional[Detections]] = [None] * len(agent_types)
+        for t in dict.fromkeys(agent_types):
+            rows = [i for i, a in enumerate(agent_types) if a == t]
+            own = self.sender_detectors[t] if t in self.sender_detectors else self
+            for i, d in zip(rows, own.decode(own.detect(bev[rows]), gt_range=None)):
+                out[i] = d
+        return out
 
     def decode(self, head: HeadOutput, gt_range: Union[str, None, Sequence[float]] = "ego") -> List[Detections]:
         """Head maps -> detections (post-processing settings of this model); ``gt_range`` "ego"

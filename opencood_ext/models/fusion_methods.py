@@ -164,7 +164,7 @@ class LateFusion(FusionMethod):
         rows = _collaborators(batch)
         if not rows:
             return Messages.empty(self.kind)
-        dets = model.decode(model.detect(feats[rows]), gt_range=None)
+        dets = model.sender_detections(feats[rows], [batch.agent_types[r] for r in rows])
         payload = [torch.cat([d.boxes, d.scores[:, None], d.labels[:, None].to(d.boxes.dtype)], dim=1).float()
                    for d in dets]
         return _messages(batch, rows, self.kind, payload)

@@ -22,14 +22,13 @@ baselines in :mod:`opencood_ext.methods`.
 """
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ..config import apply_overrides, config_from_dict, config_to_dict
-from ..experiment import ExperimentConfig, build_model, load_experiment
+from ..config import apply_overrides, config_from_dict
+from ..experiment import ExperimentConfig, build_model, join_types, load_experiment
 from ..methods.base import ONBOARDING, OnboardingMethod
 from ..runs import checkpoint_of
 from .checkpoint import load_model_state
@@ -100,13 +99,8 @@ def plan_onboarding(ego_run, new_runs: Sequence, overrides: Sequence[str] = (), 
             raise ValueError(f"{config}: model.agent_types {sorted(types)} must be the ego's type {ego_type} "
                              f"plus the new types {sorted(new)}")
         return OnboardPlan(m, cfg, ego_type, list(cfg.stage.new_types), ego_run, new)
-    d = copy.deepcopy(config_to_dict(ego_cfg))
-    for t, cfg in new_cfgs.items():
-        nd = config_to_dict(cfg)
-        d["data"]["agent_types"][t] = nd["data"]["agent_types"][t]
-        d["model"]["agent_types"][t] = nd["model"]["agent_types"][t]
+    d = join_types(ego_cfg, new_cfgs)
     d["name"] = f"onboard_{m.name}_{ego_type}_" + "_".join(new)
-    d["data"]["modality"] = "cycle:" + ",".join([ego_type, *new])
     link = m.link(d["model"].get("link"), ego_type, list(new))
     if link is None:
         d["model"].pop("link", None)

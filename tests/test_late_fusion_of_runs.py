@@ -1,0 +1,78 @@
+"""Late fusion built from separately trained single-type runs (the benchmark's 'Late fusion' row):
+each collaborator detects with its own run's model and sends boxes; the ego's run receives. And the
+dynamic evaluation writes one eval per alliance with the onboarding cost of the newest type."""
+import json
+
+import pytest
+import torch
+
+from opencood_ext.data.batch import collate_samples
+from opencood_ext.eval.dynamic import run_dynamic
+from opencood_ext.experiment import build_dataset
+from opencood_ext.models.second import SPCONV_CPU_ONLY
+from opencood_ext.runs import late_fusion_of, load_run
+from opencood_ext.training.onboarding import build_onboarding_model, plan_onboarding
+from opencood_ext.cli import train
+from tiny_runs import GENCOMM, PP, SECOND, tiny_config, tiny_dataset
+
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available() and SPCONV_CPU_ONLY,
+                                reason="the trainer would put SECOND on CUDA, and this spconv is a CPU-only build")
+
+
+@pytest.fixture(scope="module")
+def stage1(tmp_path_factory):
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("late_of_runs")
+    data = tiny_dataset(tmp / "data")
+    runs = {}
+    for t, stack in (("m1", PP), ("m3", SECOND)):
+        cfg = tiny_config(tmp, data, f"s1_{t}", {t: stack}, {"fusion": "intermediate", "link": GENCOMM},
+                          modality=f"all:{t}")
+        runs[t] = tmp / f"s1_{t}"
+        assert train.main(["-y", str(cfg), "--model_dir", str(runs[t]), "--set", "train.val_every=0"]) == 0
+    return runs
+
+
+def test_each_collaborator_detects_with_its_own_runs_model(stage1):
+    cfg, model = late_fusion_of(stage1, "m1")
+    assert model.fusion == "late" and set(model.encoders) == {"m1", "m3"} and set(model.sender_detectors) == {"m3"}
+    _, m1 = load_run(stage1["m1"])
+    _, m3 = load_run(stage1["m3"])
+    for key, value in m1.head.state_dict().items():
+        assert torch.equal(model.head.state_dict()[key], value)
+    ds = build_dataset(cfg, "test", train=False)
+    batch = collate_samples([ds[0]])
+    assert "m3" in batch.agent_types[1:]
+    with torch.no_grad():
+        pred = model.predict(batch)
+        feats, _ = model.encode(batch)
+    rows = pred.delivery.sent.source_row
+    for k, r in enumerate(rows):
+        t = batch.agent_types[r]
+        own = (m3 if t == "m3" else m1)
+        with torch.no_grad():
+            want = own.decode(own.detect(feats[r:r + 1]), gt_range=None)[0]
+        sent = pred.delivery.sent.payload[k]
+        assert len(sent) == len(want.boxes)
+        torch.testing.assert_close(sent[:, :7], want.boxes)
+    # m3's encoder is its own run's
+    torch.testing.assert_close(next(iter(model.encoders["m3"].state_dict().values())),
+                               next(iter(m3.encoders["m3"].state_dict().values())))
+    with pytest.raises(ValueError, match="ego type m2"):
+        late_fusion_of(stage1, "m2")
+
+
+def test_dynamic_evaluation_writes_each_alliance_with_the_newest_types_cost(stage1, tmp_path):
+    plan = plan_onboarding(stage1["m1"], [stage1["m3"]], method="gencomm", epochs=1)
+    model, _ = build_onboarding_model(plan)
+    model.eval()
+    rows = run_dynamic(plan.config, model, ["m1", "m3"], "test", out_dir=tmp_path)
+    assert [r.types for r in rows] == [["m1"], ["m1", "m3"]]
+    assert rows[0].onboard_params is None
+    assert rows[1].onboard_params == sum(p.numel() for p in model.link.dme["m3"].parameters())
+    assert rows[1].onboard_gflops > 0
+    for name in ("eval_dyn_m1.json", "eval_dyn_m1+m3.json", "eval_dynamic.json"):
+        assert (tmp_path / name).is_file()
+    dyn = json.loads((tmp_path / "eval_dynamic.json").read_text())
+    assert dyn[1]["ap_ci"]["global"].keys() == dyn[1]["ap"]["global"].keys()
