@@ -23,7 +23,7 @@ def _fmt_bytes(b: float) -> str:
     return "0" if b <= 0 else f"{b:,.0f} (2^{math.log2(b):.1f})"
 
 
-def _training_minutes(results: dict) -> float:
+def _training_minutes(results: dict) -> float:  # every table's rows
     """Every row's training (GenComm's row is its onboarding) plus stage 1, from the logged epoch times."""
     return (sum(r["train_wall_s"] for r in results["rows"]) + sum(results["stage1_wall_s"].values())) / 60
 
@@ -245,7 +245,7 @@ def robustness_section(out: Path) -> list:
 
 
 def write_report(results: dict, out: Path) -> Path:
-    rows = results["rows"]
+    rows = [r for r in results["rows"] if r.get("table", "main") == "main"]
     plot = plot_ap_vs_bytes(rows, out / "ap_vs_bytes.png")
     lines = ["# GenComm on the embedded default (built-in simulator)", "",
              f"Profile `{results['profile']}`, seed {results['seed']}, data `{results['data']}`; "
@@ -283,6 +283,8 @@ def write_report(results: dict, out: Path) -> Path:
               "", f"![AP against bytes]({plot.name})", ""]
     lines += _pr_section(rows, out)
     lines += robustness_section(out)
+    from .report_hetero import hetero_section  # it reuses this module's cells
+    lines += hetero_section(results["rows"], out)
     path = out / "REPORT.md"
     path.write_text("\n".join(lines))
     return path

@@ -9,8 +9,14 @@
    and again with the same weights and the collaborators off (what cooperation
    adds, paired);
 5. sweep every row under pose noise, latency and message loss on one seeded
-   channel (``robustness/``), and write ``REPORT.md`` (tables + AP-vs-bytes
-   plot + robustness curves) and ``results.json``.
+   channel (``robustness/``);
+6. the heterogeneous benchmark (:mod:`gencomm.benchmark`): GenComm stage 1 also
+   for the camera types m2 and m4, then m2, m3, m4 join m1's alliance by every
+   method (GenComm, BackAlign, STAMP, MPDA, CodeFilling) from the same stage-1
+   runs, evaluated as the alliance grows, with No fusion and Late fusion built
+   from the stage-1 runs;
+7. write ``REPORT.md`` (tables with 95% intervals, paired differences, plots)
+   and ``results.json``.
 
 Every step is resumable: a finished run is skipped, an interrupted one
 continues from its last checkpoint. ``quick=True`` shrinks data and training
@@ -26,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from opencood_ext.training.runlog import training_wall_time
 
@@ -36,20 +42,28 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Profile:
-    """Dataset size and training budget of one reproduction run."""
+    """Dataset size and training budget of one reproduction run.
+
+    split: train / validate / test shares of the scenarios; camera_size: (W, H) the simulator
+    renders (the camera types resize it anyway); family: the config folder of the benchmark's
+    stage-2 configs; benchmark: run the heterogeneous benchmark (step 6)."""
 
     scenarios: int
     frames: int
+    split: Tuple[float, float, float] = (0.6, 0.2, 0.2)
+    camera_size: Tuple[int, int] = (400, 300)
     overrides: List[str] = field(default_factory=list)
     onboard_epochs: Optional[int] = None
     robustness: Dict[str, str] = field(default_factory=dict)  # sweep levels per effect; {}: the defaults
+    family: str = "sim"
+    benchmark: bool = True
 
 
 PROFILES = {
-    # many short scenarios: 24 train / 8 validate / 8 test scenes; frames of one scene are 0.1 s apart
-    # and nearly identical, so scene count, not frame count, is what keeps the test AP from swinging
-    "default": Profile(scenarios=40, frames=6),
-    "quick": Profile(scenarios=4, frames=3, onboard_epochs=1, overrides=[
+    # many short scenarios: 24 train / 8 validate / 16 test scenes; frames of one scene are 0.1 s apart
+    # and nearly identical, so scene count, not frame count, is what narrows the test AP's interval
+    "default": Profile(scenarios=48, frames=6, split=(0.5, 0.1667, 0.3333)),
+    "quick": Profile(scenarios=4, frames=3, camera_size=(160, 120), onboard_epochs=1, overrides=[
         "train.epochs=1", "train.max_steps_per_epoch=2", "train.max_val_batches=1", "train.num_workers=0",
         "eval.max_frames=3", "eval.plot_every=1"],
         robustness={"noise": "0,0.6", "latency": "0,3", "drop": "0,1"}),  # no level and the largest
@@ -62,7 +76,7 @@ BASELINES = [
     ("Early fusion", "configs/sim/m1m3_early.yaml", "early"),
     ("Intermediate (full feature)", "configs/sim/m1m3_intermediate.yaml", "intermediate"),
 ]
-STAGE1 = {"m1": "configs/sim/gencomm_stage1_m1.yaml", "m3": "configs/sim/gencomm_stage1_m3.yaml"}
+STAGE1 = {t: f"configs/sim/gencomm_stage1_{t}.yaml" for t in ("m1", "m3", "m2", "m4")}
 STAGE2 = "configs/sim/gencomm_stage2_m1_m3.yaml"
 
 
@@ -80,8 +94,10 @@ def _sets(items: List[str]) -> List[str]:
 
 def simulate(data: Path, profile: Profile, seed: int) -> None:
     """Write the dataset; the simulator skips finished scenarios, so a present dataset costs nothing."""
+    w, h = profile.camera_size
     _run([sys.executable, "tools/simulate.py", "-o", str(data), "--scenarios", str(profile.scenarios),
-          "--frames", str(profile.frames), "--seed", str(seed), "--no-cameras"])
+          "--frames", str(profile.frames), "--seed", str(seed), "--split-ratio", *map(str, profile.split),
+          "--camera-size", f"{w}x{h}"])
 
 
 def train(config: str, run: Path, data: Path, profile: Profile) -> float:
@@ -143,6 +159,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
                      "ego_only": ego_only(run, fusion, res, profile)})
     stage1 = {}
     for t, config in STAGE1.items():
+        if t in ("m2", "m4") and not profile.benchmark:
+            continue  # the camera types serve the heterogeneous benchmark only
         run = runs / Path(config).stem
         stage1[t] = {"run": run, "wall": train(config, run, data, profile)}
     onboard_run = runs / "gencomm_onboard_m3"
@@ -159,6 +177,12 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
                  "trainable_params": onboarding["trainable_params_total"],
                  "note": f"stage 2 only; stage 1: m1 {stage1['m1']['wall']:.0f} s, m3 {stage1['m3']['wall']:.0f} s"})
     robustness_sweep(rows, out / "robustness", profile, seed)
+    for r in rows:
+        r["table"] = "main"
+    if profile.benchmark:
+        from .benchmark import run_benchmark
+        rows += run_benchmark(runs, {t: v["run"] for t, v in stage1.items()}, profile.family, _run, sys.executable,
+                              [f"data.root={data}", *profile.overrides], onboard_epochs=profile.onboard_epochs)
     results = {"profile": profile_name, "seed": seed, "data": str(data), "rows": rows,
                "onboarding": onboarding, "stage1_wall_s": {t: v["wall"] for t, v in stage1.items()},
                "total_wall_s": time.time() - started}

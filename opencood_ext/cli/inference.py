@@ -5,6 +5,8 @@ collaborator sends per frame, BEV images of detections vs ground truth.
                   [--split test] [--plot_every 20] [--max_frames N]
     gencomm-infer --model_dir runs/ONBOARD --dynamic m1,m3     # ego m1, then +m3
     gencomm-infer --model_dir runs/NAME --pose_noise 0.2,0.2 --drop 0.25 --latency_frames 1
+    gencomm-infer --late_of m1=runs/S1_M1 --late_of m3=runs/S1_M3 -o runs/LATE --dynamic m1,m3
+                  # late fusion of single-type runs, each agent detecting with its own run
 
 An imperfect channel: --pose_noise STD_M,STD_DEG (Gaussian on each collaborator's transmitted x, y
 and yaw, the CoAlign / HEAL protocol), --drop P (each message lost with probability P),
@@ -41,7 +43,11 @@ def channel_label(fusion: str, channel, latency_frames: int, wire_dtype) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_dir", type=Path, required=True)
+    p.add_argument("--model_dir", type=Path, default=None, help="the run to evaluate (results are written there)")
+    p.add_argument("--late_of", action="append", default=[], metavar="TYPE=RUN",
+                   help="instead of --model_dir: late fusion of separately trained single-type runs (repeat per "
+                        "type; the first is the ego's), each agent detecting with its own run; needs -o")
+    p.add_argument("-o", "--out", type=Path, default=None, help="where --late_of writes its results")
     p.add_argument("--fusion_method", default=None, help="default: the method the model was trained for")
     p.add_argument("--split", default=None, help="default: eval.split of the run's config")
     p.add_argument("--plot_every", type=int, default=None, help="BEV image every N frames (0 = none)")
@@ -77,7 +83,20 @@ def _run(args) -> int:
     from opencood_ext.comm.channel import ChannelConfig, parse_pose_noise
     from opencood_ext.training.checkpoint import seed_everything
 
-    cfg, model = load_any_run(args.model_dir, args.overrides)
+    if args.late_of:
+        from opencood_ext.runs import late_fusion_of
+        if args.out is None or args.model_dir is not None:
+            raise ValueError("--late_of needs -o OUT and no --model_dir")
+        pairs = [item.split("=", 1) for item in args.late_of]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError(f"--late_of takes TYPE=RUN, got {args.late_of}")
+        cfg, model = late_fusion_of({t: Path(r) for t, r in pairs}, pairs[0][0])
+        args.model_dir = args.out
+        args.model_dir.mkdir(parents=True, exist_ok=True)
+    elif args.model_dir is None:
+        raise ValueError("give --model_dir RUN (or --late_of TYPE=RUN ... -o OUT)")
+    else:
+        cfg, model = load_any_run(args.model_dir, args.overrides)
     if args.fusion_method:
         set_fusion(model, args.fusion_method)
     noise_m, noise_deg = parse_pose_noise(args.pose_noise)

@@ -1,0 +1,84 @@
+"""The heterogeneous collaboration benchmark: m2 (LSS camera), m3 (SECOND 32-beam)
+and m4 (LSS camera, wider image backbone) join the alliance of m1 (PointPillars
+64-beam, the ego) by every onboarding method, all starting from the SAME
+stage-1 runs (GenComm's homogeneous runs, one per type).
+
+For each method (``METHODS``): one onboarding run (``tools/onboard.py -y
+configs/<family>/stage2/<method>_m1_m2m3m4.yaml``), evaluated dynamically as
+the paper reports it: AP with {m1}, {m1, m2}, {m1, m2, m3}, {m1, m2, m3, m4}
+(``tools/inference.py --dynamic``), with the trainable parameters and GFLOPs of
+what trained for each new type, the onboarding wall time and the encoded bytes
+per message. Plus two references built from the stage-1 runs alone: No fusion
+(m1's run with its collaborators off) and Late fusion (each agent detecting with
+its own run, ``tools/inference.py --late_of``).
+
+Every step goes through the command-line tools (a subprocess each, as the main
+job's other steps) and is resumable: finished runs are skipped.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence
+
+TYPES = ("m1", "m2", "m3", "m4")
+# (row name, onboarding method)
+METHODS = [("GenComm", "gencomm"), ("BackAlign", "backalign"), ("STAMP", "stamp"), ("MPDA", "mpda"),
+           ("CodeFilling", "codefilling")]
+
+
+def stage2_config(family: str, method: str) -> str:
+    return f"configs/{family}/stage2/{method}_m1_m2m3m4.yaml"
+
+
+def _dynamic(run: Path) -> List[dict]:
+    return json.loads((run / "eval_dynamic.json").read_text())
+
+
+def _row(name: str, run: Path, dynamic: List[dict], note: str, **extra) -> dict:
+    """A results.json row: ``eval`` is its last alliance's evaluation (ap, ap_ci, bytes, frames file)."""
+    full = json.loads((run / f"eval_dyn_{'+'.join(dynamic[-1]['types'])}.json").read_text())
+    return {"method": name, "table": "heterogeneous", "run": str(run), "eval": full, "note": note,
+            "dynamic": [{k: d[k] for k in ("types", "ap", "ap_ci", "bytes_per_message", "onboard_params",
+                                             "onboard_gflops", "frames", "num_scenes") if k in d} for d in dynamic],
+            **extra}
+
+
+def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Callable[[List[str]], None],
+                  python: str, overrides: Sequence[str], onboard_overrides: Sequence[str] = (),
+                  onboard_epochs=None, methods=METHODS) -> List[dict]:
+    """Onboard and evaluate every method, then the stage-1 references; -> results rows.
+
+    run_cmd: runs one command (raises on failure). overrides: ``--set`` items for every step
+    (data root, quick-profile caps); onboard_overrides: extra ones for onboarding only."""
+    sets = [a for item in overrides for a in ("--set", item)]
+    order = ",".join(TYPES)
+    rows = []
+    for name, method in methods:
+        run = runs / f"onboard_{method}_m2m3m4"
+        cmd = [python, "tools/onboard.py", "-y", stage2_config(family, method), "--ego", str(stage1["m1"]),
+               *[a for t in TYPES[1:] for a in ("--new", str(stage1[t]))], "-o", str(run), *sets,
+               *[a for item in onboard_overrides for a in ("--set", item)]]
+        if onboard_epochs is not None:
+            cmd += ["--epochs", str(onboard_epochs)]
+        run_cmd(cmd)
+        run_cmd([python, "tools/inference.py", "--model_dir", str(run), "--dynamic", order, *sets])
+        ob = json.loads((run / "onboarding.json").read_text())
+        rows.append(_row(f"{name} (m2, m3, m4 onboarded)", run, _dynamic(run), f"stage 2 ({method}) only",
+                         trainable_params=ob["trainable_params_total"],
+                         trainable_params_per_type=ob["trainable_params_per_new_type"],
+                         train_wall_s=ob["onboarding_wall_time_s"], onboard_method=method))
+    late = runs / "late_of_stage1"
+    run_cmd([python, "tools/inference.py", *[a for t in TYPES for a in ("--late_of", f"{t}={stage1[t]}")],
+             "-o", str(late), "--dynamic", order, *sets])
+    rows.append(_row("Late fusion (stage-1 models)", late, _dynamic(late),
+                     "each agent detects with its own stage-1 run; nothing trained", trainable_params=0,
+                     train_wall_s=0.0))
+    alone = runs / "none_of_stage1"
+    run_cmd([python, "tools/inference.py", "--late_of", f"m1={stage1['m1']}", "-o", str(alone),
+             "--fusion_method", "none", "--dynamic", "m1", *sets])
+    row = _row("No fusion (m1 stage-1 model)", alone, _dynamic(alone), "the ego alone: the same AP for every "
+               "alliance", trainable_params=0, train_wall_s=0.0)
+    row["dynamic"] = [dict(row["dynamic"][0], types=list(TYPES[:k + 1])) for k in range(len(TYPES))]
+    rows.append(row)
+    return rows
