@@ -14,7 +14,7 @@ from typing import Dict, List, Literal, Optional
 import torch
 from torch import Tensor, nn
 
-from opencood_ext.models.links import LINKS
+from opencood_ext.models.links import LINKS, Arrival
 from opencood_ext.models.warp import warp_to_ego
 
 from .enhancer import ChannelEnhancer
@@ -73,11 +73,12 @@ class GenCommLink(nn.Module):
             out[idx] = self.dme[t](features[idx])
         return out
 
-    def receive(self, payload: Tensor, T_ego_from_sender: Tensor, ego_feature: Tensor,
-                receiver_types: List[str], valid: Tensor) -> Tensor:
+    def receive(self, payload: Tensor, arrival: Arrival) -> Tensor:
         """Receiver side, batched over messages (:mod:`opencood_ext.models.links`): warp each
         message into the receiver's frame, generate a feature in the receiver's own space from
         it and the receiver's own feature, enhance; zero outside the cells the sender covers."""
+        T_ego_from_sender, ego_feature = arrival.T_ego_from_sender, arrival.receiver_features
+        receiver_types = arrival.receiver_types
         n, _, H, W = payload.shape
         gen = ego_feature.new_zeros(n, ego_feature.shape[1], H, W)
         cond = warp_to_ego(payload, T_ego_from_sender, self.lidar_range) if self.warp_before_generation \
@@ -89,12 +90,11 @@ class GenCommLink(nn.Module):
             gen[sel] = self.enhancer[r](self.safg[r](cond[sel], ego_feature[sel]).feature)
         if not self.warp_before_generation:
             gen = warp_to_ego(gen, T_ego_from_sender, self.lidar_range)
-        return gen * valid
+        return gen * arrival.valid
 
-    def losses(self, received: Tensor, sender_features: Tensor, T_ego_from_sender: Tensor,
-               valid: Tensor) -> Dict[str, Tensor]:
+    def losses(self, received: Tensor, sender_features: Tensor, arrival: Arrival) -> Dict[str, Tensor]:
         """Stage 1: MSE between each generated feature and the sender's real one warped to the ego."""
         if self.generation_weight <= 0 or not len(received):
             return {}
-        target = warp_to_ego(sender_features.detach(), T_ego_from_sender, self.lidar_range)
-        return {"generation": self.generation_weight * generation_loss(received, target, valid)}
+        target = warp_to_ego(sender_features.detach(), arrival.T_ego_from_sender, self.lidar_range)
+        return {"generation": self.generation_weight * generation_loss(received, target, arrival.valid)}

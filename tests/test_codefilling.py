@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from opencood_ext.models.links import Arrival
 from opencood_ext.comm.messages import Messages, transmit
 from opencood_ext.comm.wire import HEADER_SIZE
 from opencood_ext.data.batch import collate_samples
@@ -116,12 +117,12 @@ def test_training_message_is_the_straight_through_one_hot_of_the_wire_codes():
     assert torch.equal(onehot.detach().sum(2), torch.ones(2, 6, 6, 5))
     T = torch.eye(4).expand(2, 4, 4)
     valid = torch.ones(2, 1, 6, 5)
-    got = link.receive(onehot, T, x, ["m1", "m1"], valid)
+    got = link.receive(onehot, Arrival(T, ["m1", "m1"], x, ["m1", "m1"], valid))
     link.eval()
-    again = link.receive(onehot.detach().argmax(2), T, x, ["m1", "m1"], valid)
+    again = link.receive(onehot.detach().argmax(2), Arrival(T, ["m1", "m1"], x, ["m1", "m1"], valid))
     torch.testing.assert_close(got.detach(), again)
     link.train()
-    loss = got.square().mean() + link.losses(got, x, T, valid)["codebook"]
+    loss = got.square().mean() + link.losses(got, x, Arrival(T, ["m1", "m1"], x, ["m1", "m1"], valid))["codebook"]
     loss.backward()
     q = link.quantizer
     for p in (q.latent[0].weight, q.to_code[0].weight, q.codebook, q.temperature, q.restore[0].weight):
@@ -133,9 +134,10 @@ def test_reconstruction_loss_is_the_masked_mse_to_the_senders_feature():
     received = torch.ones(1, 4, 2, 2)
     sender = torch.zeros(1, 4, 2, 2)
     valid = torch.tensor([[[[1., 0.], [0., 0.]]]])
-    loss = link.losses(received, sender, torch.eye(4)[None], valid)["codebook"]
+    arrival = Arrival(torch.eye(4)[None], ["m1"], sender, ["m1"], valid)
+    loss = link.losses(received, sender, arrival)["codebook"]
     torch.testing.assert_close(loss, torch.tensor(0.5))
-    assert CodeFillingLink(4, ["m1"], RANGE, reconstruction_weight=0.0).losses(received, sender, None, valid) == {}
+    assert CodeFillingLink(4, ["m1"], RANGE, reconstruction_weight=0.0).losses(received, sender, arrival) == {}
 
 
 def test_codes_outside_the_codebook_leave_their_cells_empty():
@@ -145,10 +147,10 @@ def test_codes_outside_the_codebook_leave_their_cells_empty():
     codes = link.send(x, ["m1"])
     T = torch.eye(4)[None]
     valid = torch.ones(1, 1, 4, 4)
-    good = link.receive(codes, T, x, ["m1"], valid)
+    good = link.receive(codes, Arrival(T, ["m1"], x, ["m1"], valid))
     bad = codes.clone()
     bad[0, 3, 1, 2] = 200
-    got = link.receive(bad, T, x, ["m1"], valid)
+    got = link.receive(bad, Arrival(T, ["m1"], x, ["m1"], valid))
     assert torch.equal(got[0, :, 1, 2], torch.zeros(8))
     keep = torch.ones(4, 4, dtype=torch.bool)
     keep[1, 2] = False

@@ -5,6 +5,7 @@ gradient reversal, and the reference sizes' parameter count."""
 import pytest
 import torch
 
+from opencood_ext.models.links import Arrival
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
 from opencood_ext.eval.flops import count_flops
@@ -60,13 +61,11 @@ def test_only_adapted_sender_types_are_changed():
     T[1, 0, 3] = 6.4
     valid = torch.ones(3, 1, 10, 10)
     valid[1, :, :, :2] = 0
-    got = link.receive(payload, T, ego, ["m1"] * 3, valid, sender_types=["m1", "m1", "m3"])
-    want = full.receive(payload, T, ego, ["m1"] * 3, valid) * valid
+    got = link.receive(payload, Arrival(T, ["m1", "m1", "m3"], ego, ["m1"] * 3, valid))
+    want = full.receive(payload, Arrival(T, ["m1", "m1", "m3"], ego, ["m1"] * 3, valid)) * valid
     assert torch.equal(got[:2], want[:2])
     assert not torch.allclose(got[2], want[2])
     torch.testing.assert_close(got[2], link.adapter["m3"](want[2:], ego[2:])[0])
-    with pytest.raises(ValueError, match="sender types"):
-        link.receive(payload, T, ego, ["m1"] * 3, valid, sender_types=["m1"])
     with pytest.raises(ValueError, match="adapted_types"):
         MPDALink(8, ["m1"], RANGE, adapted_types=["m9"])
 
@@ -76,19 +75,16 @@ def test_domain_loss_trains_the_classifier_and_reverses_into_the_adapter():
     link = MPDALink(8, ["m1", "m3"], RANGE, adapted_types=["m3"], domain_weight=2.0, **SMALL).train()
     payload, ego = torch.randn(2, 8, 6, 6), torch.randn(2, 8, 6, 6)
     T, valid = torch.eye(4).repeat(2, 1, 1), torch.ones(2, 1, 6, 6)
-    link.receive(payload, T, ego, ["m1", "m1"], valid, sender_types=["m1", "m1"])
-    assert link.losses(None, None, None, None) == {}  # nothing adapted, no domain term
-    got = link.receive(payload, T, ego, ["m1", "m1"], valid, sender_types=["m3", "m1"])
-    loss = link.losses(got, payload, T, valid)["domain"]
-    assert link.losses(got, payload, T, valid) == {}  # consumed once
+    plain = Arrival(T, ["m1", "m1"], ego, ["m1", "m1"], valid)
+    assert link.losses(link.receive(payload, plain), payload, plain) == {}  # nothing adapted, no domain term
+    mixed = Arrival(T, ["m3", "m1"], ego, ["m1", "m1"], valid)
+    got = link.receive(payload, mixed)
+    loss = link.losses(got, payload, mixed)["domain"]
     # at initialisation the classifier's logits are ~0: BCE ~ log 2, times the weight
     assert abs(float(loss.detach()) - 2.0 * float(torch.log(torch.tensor(2.0)))) < 1e-2
     loss.backward()
     adapter = link.adapter["m3"]
     assert adapter.domain.conv2.weight.grad.abs().sum() > 0 and adapter.resizer.select.weight.grad.abs().sum() > 0
-    link.eval()
-    link.receive(payload, T, ego, ["m1", "m1"], valid, sender_types=["m3", "m1"])
-    assert link.losses(got, payload, T, valid) == {}  # evaluation computes none
 
 
 def test_gradient_reversal_scales_and_flips_the_feature_gradient():

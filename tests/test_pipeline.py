@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from opencood_ext.models.links import Arrival
 from opencood_ext.data.augment import AugmentConfig
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
@@ -175,6 +176,9 @@ def test_generation_follows_a_shifted_message():
     H, W = model.grid.shape
     msg = torch.zeros(1, link.payload_channels, H, W)
     ones = torch.ones(1, 1, H, W)
+
+    def arrival(T):
+        return Arrival(T, ["m1"], ego, ["m1"], ones)
     msg[0, :, 10:14, 12:20] = 2.0  # a blob in the ego frame
     ego = torch.randn(1, model.channels, H, W)
     shift = 4 * model.grid.cell[0]  # exactly 4 cells along x
@@ -185,20 +189,20 @@ def test_generation_follows_a_shifted_message():
     msg_sender = warp_to_ego(msg, T_inv, model.lidar_range)  # what that sender would transmit
     with torch.no_grad():
         torch.manual_seed(1)
-        ref = link.receive(msg, torch.eye(4)[None], ego, ["m1"], ones)
+        ref = link.receive(msg, arrival(torch.eye(4)[None]))
         torch.manual_seed(1)
-        got = link.receive(msg_sender, T, ego, ["m1"], ones)
+        got = link.receive(msg_sender, arrival(T))
     torch.testing.assert_close(got[..., :, 8:-8], ref[..., :, 8:-8], atol=1e-4, rtol=1e-4)
     # moving the blob itself moves the generated feature where the message differs
     torch.manual_seed(1)
     with torch.no_grad():
-        moved = link.receive(torch.roll(msg, 6, dims=-1), torch.eye(4)[None], ego, ["m1"], ones)
+        moved = link.receive(torch.roll(msg, 6, dims=-1), arrival(torch.eye(4)[None]))
     assert not torch.allclose(moved, ref)
     # the reference order (generate in the sender frame, then warp) does not have this property
     link.warp_before_generation = False
     with torch.no_grad():
         torch.manual_seed(1)
-        ref_order = link.receive(msg_sender, T, ego, ["m1"], ones)
+        ref_order = link.receive(msg_sender, arrival(T))
     assert (ref_order[..., :, 8:-8] - ref[..., :, 8:-8]).abs().max() > 1e-3
 
 

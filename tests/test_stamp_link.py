@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from opencood_ext.models.links import Arrival
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
 from opencood_ext.methods import ONBOARDING
@@ -56,7 +57,7 @@ def test_sender_adapts_and_receiver_reverts_its_own_type():
     assert torch.allclose(sent[1:2], link.adapter["m2"](x[1:2]))
     assert torch.allclose(sent[2:3], link.adapter["m3"](x[2:3]))
     eye = torch.eye(4).expand(3, 4, 4)
-    got = link.receive(sent, eye, torch.zeros_like(x), ["m1", "m2", "m3"], torch.ones(3, 1, 10, 10))
+    got = link.receive(sent, Arrival(eye, ["m1"] * 3, torch.zeros_like(x), ["m1", "m2", "m3"], torch.ones(3, 1, 10, 10)))
     assert torch.equal(got[0], sent[0])  # an m1 receiver reads the protocol space directly
     assert torch.allclose(got[1:2], link.reverter["m2"](sent[1:2]))
     assert torch.allclose(got[2:3], link.reverter["m3"](sent[2:3]))
@@ -84,14 +85,14 @@ def test_alignment_compares_the_same_ground_in_the_new_types_frame(direction):
     receiver = warp_to_ego(sender, T, RANGE)  # the same world in the receiver's frame
     types = (["m2", "m2"], ["m1", "m1"]) if direction == "new_to_protocol" else (["m1", "m1"], ["m2", "m2"])
     ctx = dict(sender_types=types[0], receiver_types=types[1], receiver_features=receiver)
-    out = link.losses(receiver, sender, T, torch.ones(2, 1, 16, 16), **ctx)
+    out = link.losses(receiver, sender, Arrival(T, valid=torch.ones(2, 1, 16, 16), **ctx))
     assert out["align_m2p"].item() < 1e-9 and out["align_p2m"].item() < 1e-9
     if direction == "new_to_protocol":
         assert out["align_m2p2m"].item() == 0.0
     else:
         assert "align_m2p2m" not in out  # the cycle runs on new-type senders' own maps
     ctx["receiver_features"] = torch.randn_like(receiver)
-    out = link.losses(receiver, sender, T, torch.ones(2, 1, 16, 16), **ctx)
+    out = link.losses(receiver, sender, Arrival(T, valid=torch.ones(2, 1, 16, 16), **ctx))
     assert out["align_m2p"].item() > 0.1 * 10 and out["align_p2m"].item() > 0.1 * 9
 
 
@@ -101,7 +102,8 @@ def test_each_alignment_term_trains_its_own_module():
     sender, receiver = torch.randn(1, 4, 16, 16), torch.randn(1, 4, 16, 16)
     T = _shift(1, 1)
     ctx = dict(sender_types=["m2"], receiver_types=["m1"], receiver_features=receiver)
-    out = link.losses(warp_to_ego(link.send(sender, ["m2"]), T, RANGE), sender, T, torch.ones(1, 1, 16, 16), **ctx)
+    arrival = Arrival(T, valid=torch.ones(1, 1, 16, 16), **ctx)
+    out = link.losses(warp_to_ego(link.send(sender, ["m2"]), T, RANGE), sender, arrival)
     assert set(out) == {"align_m2p", "align_p2m", "align_m2p2m"}
     for term, trains in (("align_m2p", "adapter"), ("align_p2m", "reverter"), ("align_m2p2m", "reverter")):
         link.zero_grad(set_to_none=True)
@@ -111,7 +113,7 @@ def test_each_alignment_term_trains_its_own_module():
         assert with_grad == {trains}, term
     # a zero weight switches its term off
     quiet = StampLink(4, ["m1", "m2"], RANGE, protocol="m1", m2p_weight=0.0, p2m_weight=0.0)
-    assert set(quiet.losses(receiver, sender, T, torch.ones(1, 1, 16, 16), **ctx)) == {"align_m2p2m"}
+    assert set(quiet.losses(receiver, sender, arrival)) == {"align_m2p2m"}
 
 
 def test_the_detector_gives_the_link_both_sides_in_training_only():

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..models.links import LINKS
+from ..models.links import LINKS, Arrival
 from ..models.warp import warp_to_ego
 from .base import ONBOARDING, OnboardingMethod, count_unique_parameters, feature_macs
 
@@ -155,8 +155,7 @@ class CodeFillingLink(nn.Module):
         onehot = self.quantizer.quantize(features, sample=self.training)
         return onehot if self.training else onehot.argmax(2)
 
-    def receive(self, payload: Tensor, T_ego_from_sender: Tensor, ego_feature: Tensor,
-                receiver_types: List[str], valid: Tensor) -> Tensor:
+    def receive(self, payload: Tensor, arrival: Arrival) -> Tensor:
         """Receiver side: rebuild each feature from its codes with the codebook (sender frame), warp it
         into the ego frame, zero outside ``valid``. Integer codes outside the codebook (a corrupt or
         foreign sender) leave their cell empty."""
@@ -168,19 +167,19 @@ class CodeFillingLink(nn.Module):
                 log.warning("codefilling: %d code(s) outside the %d-entry codebook; those cells are left empty",
                             int(bad.sum()), self.quantizer.codes)
             onehot = F.one_hot(payload.long().clamp(0, self.quantizer.codes - 1), self.quantizer.codes)
-            onehot = (onehot * (~bad)[..., None]).permute(0, 1, 4, 2, 3).to(ego_feature.dtype)
+            onehot = (onehot * (~bad)[..., None]).permute(0, 1, 4, 2, 3).to(arrival.receiver_features.dtype)
         rebuilt = self.quantizer.dequantize(onehot)
         if not payload.dtype.is_floating_point:
             rebuilt = rebuilt * (~bad).all(1, keepdim=True)
-        return warp_to_ego(rebuilt, T_ego_from_sender, self.lidar_range) * valid
+        return warp_to_ego(rebuilt, arrival.T_ego_from_sender, self.lidar_range) * arrival.valid
 
-    def losses(self, received: Tensor, sender_features: Tensor, T_ego_from_sender: Tensor,
-               valid: Tensor) -> Dict[str, Tensor]:
+    def losses(self, received: Tensor, sender_features: Tensor, arrival: Arrival) -> Dict[str, Tensor]:
         """The codebook loss: MSE between each rebuilt feature and the sender's own, both in the
         ego frame, over the cells the sender covers."""
         if self.reconstruction_weight <= 0 or not len(received):
             return {}
-        target = warp_to_ego(sender_features.detach(), T_ego_from_sender, self.lidar_range)
+        valid = arrival.valid
+        target = warp_to_ego(sender_features.detach(), arrival.T_ego_from_sender, self.lidar_range)
         err = ((received - target) ** 2 * valid).sum() / (valid.sum() * received.shape[1]).clamp_min(1.0)
         return {"codebook": self.reconstruction_weight * err}
 

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..models.links import LINKS, WireDtype
+from ..models.links import LINKS, Arrival, WireDtype
 from ..models.warp import warp_to_ego
 from .base import ONBOARDING, OnboardingMethod, count_unique_parameters, feature_macs
 from .mpda_modules import CrossDomainEncoder, DomainClassifier, FeatureResizer
@@ -73,8 +73,6 @@ class MPDALink(nn.Module):
     """
 
     kind = "bev"
-    reads_sender_types = True  # IntermediateFusion passes each message's type (from its header)
-
     def __init__(self, channels: int, agent_types: List[str], lidar_range, adapted_types: Sequence[str] = (),
                  resizer: Optional[dict] = None, attention: Optional[dict] = None, domain: Optional[dict] = None,
                  domain_weight: float = 1.0, wire_dtype: WireDtype = "float32"):
@@ -90,46 +88,44 @@ class MPDALink(nn.Module):
         self.domain_weight = float(domain_weight)
         self.adapter = nn.ModuleDict({t: MPDAAdapter(channels, resizer, attention, domain)
                                       for t in dict.fromkeys(adapted_types)})
-        self._domain_loss: Optional[Tensor] = None
 
     def send(self, features: Tensor, agent_types: List[str]) -> Tensor:
         """Sender side: the message is the feature itself."""
         return features
 
-    def receive(self, payload: Tensor, T_ego_from_sender: Tensor, ego_feature: Tensor,
-                receiver_types: List[str], valid: Tensor, sender_types: Sequence[str] = ()) -> Tensor:
+    def receive(self, payload: Tensor, arrival: Arrival) -> Tensor:
         """Receiver side (:mod:`opencood_ext.models.links`): warp, then align each message from an
-        adapted type with that type's adapter and the receiver's own feature; zero outside ``valid``.
-        ``sender_types``: each message's agent type, from its header."""
-        types = list(sender_types)
-        if len(types) != len(payload):
-            raise ValueError(f"MPDA receive: {len(payload)} messages but {len(types)} sender types")
-        out = warp_to_ego(payload, T_ego_from_sender, self.lidar_range)
-        terms = []
+        adapted type (its header's sender type) with that type's adapter and the receiver's own
+        feature; zero outside the cells the sender covers."""
+        types = list(arrival.sender_types)
+        out = warp_to_ego(payload, arrival.T_ego_from_sender, self.lidar_range)
         for t in (t for t in dict.fromkeys(types) if t in self.adapter):
             sel = torch.as_tensor([k for k, s in enumerate(types) if s == t], device=payload.device)
-            adapted = self.adapter[t](out[sel], ego_feature[sel])
-            out = out.index_copy(0, sel, adapted)
-            if self.training and self.domain_weight > 0:
-                terms.append(self._domain_term(self.adapter[t].domain, ego_feature[sel], adapted, valid[sel]))
-        self._domain_loss = torch.stack(terms).mean() * self.domain_weight if terms else None
-        return out * valid
+            out = out.index_copy(0, sel, self.adapter[t](out[sel], arrival.receiver_features[sel]))
+        return out * arrival.valid
 
     @staticmethod
     def _domain_term(classifier: nn.Module, ego: Tensor, adapted: Tensor, valid: Tensor) -> Tensor:
-        """BCE of the classifier telling the receiver's own feature (1) from the adapted one (0),
-        over the cells the sender covers."""
+        """BCE of the per-cell classifier telling the receiver's own feature (1) from the adapted one
+        (0), over the cells the sender covers (where ``adapted`` is what ``receive`` returned)."""
         logits = classifier(torch.cat([ego, adapted]))
         target = torch.cat([torch.ones_like(valid), torch.zeros_like(valid)])
         weight = torch.cat([valid, valid])
         loss = F.binary_cross_entropy_with_logits(logits, target, weight=weight, reduction="sum")
         return loss / weight.sum().clamp_min(1.0)
 
-    def losses(self, received: Tensor, sender_features: Tensor, T_ego_from_sender: Tensor,
-               valid: Tensor) -> Dict[str, Tensor]:
-        """The domain loss of the last training ``receive`` (none when no message was adapted)."""
-        loss, self._domain_loss = self._domain_loss, None
-        return {} if loss is None else {"domain": loss}
+    def losses(self, received: Tensor, sender_features: Tensor, arrival: Arrival) -> Dict[str, Tensor]:
+        """The adversarial domain loss on the adapted messages of a training step (none when no
+        message came from an adapted type)."""
+        if self.domain_weight <= 0:
+            return {}
+        types = list(arrival.sender_types)
+        terms = []
+        for t in (t for t in dict.fromkeys(types) if t in self.adapter):
+            sel = torch.as_tensor([k for k, s in enumerate(types) if s == t], device=received.device)
+            terms.append(self._domain_term(self.adapter[t].domain, arrival.receiver_features[sel], received[sel],
+                                           arrival.valid[sel]))
+        return {"domain": torch.stack(terms).mean() * self.domain_weight} if terms else {}
 
 
 @ONBOARDING.register("mpda")

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..models.links import LINKS
+from ..models.links import LINKS, Arrival
 from ..models.warp import warp_mask, warp_to_ego
 from .base import ONBOARDING, OnboardingMethod, feature_map_cost, require_trained
 
@@ -116,8 +116,6 @@ class StampLink(nn.Module):
     """
 
     kind = "bev"
-    losses_take_context = True
-
     def __init__(self, channels: int, agent_types: List[str], lidar_range, protocol: str,
                  hidden_channels: int = 64, blocks: int = 3, kernel_size: int = 7,
                  m2p_weight: float = 10.0, p2m_weight: float = 9.0, cycle_weight: float = 1.0,
@@ -155,18 +153,18 @@ class StampLink(nn.Module):
         """Sender side: (n, C, H, W) features, own frames -> the protocol features, same frames."""
         return self._per_type(self.adapter, features, agent_types)
 
-    def receive(self, payload: Tensor, T_ego_from_sender: Tensor, ego_feature: Tensor,
-                receiver_types: List[str], valid: Tensor) -> Tensor:
+    def receive(self, payload: Tensor, arrival: Arrival) -> Tensor:
         """Receiver side: each protocol feature through the receiver's own reverter (in the sender's
         frame), then warped into the receiver's frame; cells the sender does not cover read zero."""
-        return warp_to_ego(self._per_type(self.reverter, payload, receiver_types), T_ego_from_sender,
-                           self.lidar_range)
+        return warp_to_ego(self._per_type(self.reverter, payload, arrival.receiver_types),
+                           arrival.T_ego_from_sender, self.lidar_range)
 
-    def losses(self, received: Tensor, sender_features: Tensor, T_ego_from_sender: Tensor, valid: Tensor, *,
-               sender_types: List[str], receiver_features: Tensor, receiver_types: List[str]) -> Dict[str, Tensor]:
+    def losses(self, received: Tensor, sender_features: Tensor, arrival: Arrival) -> Dict[str, Tensor]:
         """STAMP's alignment (module docstring) on the messages of a training step: the cycle term on
         every new-type sender's map; M->P and P->M on every message between the protocol owner and a
         new type (either direction), in the new type's frame, on the cells both maps cover."""
+        sender_types, receiver_types = arrival.sender_types, arrival.receiver_types
+        receiver_features, T_ego_from_sender = arrival.receiver_features, arrival.T_ego_from_sender
         out: Dict[str, Tensor] = {}
         p = self.protocol
         senders = [k for k, s in enumerate(sender_types) if s != p]

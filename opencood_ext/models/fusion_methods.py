@@ -45,6 +45,7 @@ from ..geometry.iou import rotated_nms
 from ..postprocess import Detections
 from ..registry import Registry
 from .head import HeadOutput
+from .links import Arrival
 from .warp import warp_mask, warp_to_ego
 
 FUSION_METHODS = Registry("fusion method", "what agents send and how the ego uses it (config key model.fusion)")
@@ -289,22 +290,10 @@ class IntermediateFusion(FusionMethod):
         valid = warp_mask(T, model.lidar_range, (H, W), device=device)
         receiver = torch.as_tensor(arrived.receiver, device=device)
         ego_types = [batch.agent_types[r] for r in batch.ego_index.tolist()]
-        receiver_types = [ego_types[r] for r in arrived.receiver]
-        # a link whose receiver treats senders by type (MPDA's per-type adapters) sets
-        # reads_sender_types and gets each message's type from its header
-        extra = {"sender_types": list(arrived.agent_type)} if getattr(model.link, "reads_sender_types", False) \
-            else {}
-        got = model.link.receive(arrived.stacked().to(device), T, own[receiver], receiver_types, valid, **extra)
-        losses = {}
-        if model.training:
-            # a link that aligns both sides' features also gets the senders' types (message headers)
-            # and the receivers' own features (links module docstring)
-            context = {}
-            if getattr(model.link, "losses_take_context", False):
-                context = dict(sender_types=list(arrived.agent_type), receiver_features=own[receiver],
-                               receiver_types=receiver_types)
-            losses = model.link.losses(got, feats[torch.as_tensor(arrived.source_row, device=device)], T, valid,
-                                       **context)
+        arrival = Arrival(T, list(arrived.agent_type), own[receiver], [ego_types[r] for r in arrived.receiver], valid)
+        got = model.link.receive(arrived.stacked().to(device), arrival)
+        losses = model.link.losses(got, feats[torch.as_tensor(arrived.source_row, device=device)], arrival) \
+            if model.training else {}
         # per sample: the ego first, then its arrived messages in send order
         order = sorted(range(len(arrived)), key=lambda k: (arrived.receiver[k], arrived.source_row[k]))
         rows, masks, counts, per_sample = [], [], [], []

@@ -5,19 +5,14 @@ A link has two halves, run on different machines in reality:
 
 * ``send(features, agent_types)``: the SENDER's side. (n, C, H, W) BEV
   features, each in its own agent frame -> (n, m, H, W) payloads, same frames.
-* ``receive(payload, T_ego_from_sender, ego_feature, receiver_types, valid)``:
-  the RECEIVER's side. Payloads as they arrived (still in the senders'
-  frames), their poses seen from the receiver (computed from each message's
-  header and the receiver's own pose), the receiver's own feature (n, C, H, W,
-  ego frame) and type for each, and ``valid`` (n, 1, H, W) the ego cells each
-  sender covers -> (n, C, H, W) features in the ego frame, ready for fusion.
-* ``losses(received, sender_features, T_ego_from_sender, valid)``: auxiliary
-  training losses (the sender's real feature is at hand in training only). A
-  link whose class sets ``losses_take_context = True`` also gets, as keyword
-  arguments, ``sender_types`` (n,) from the message headers,
-  ``receiver_features`` (n, C, H, W) each receiver's own feature (ego frame) and
-  ``receiver_types`` (n,): what a link needs to align the two sides' feature
-  spaces (STAMP, :mod:`opencood_ext.methods.stamp`).
+* ``receive(payload, arrival)``: the RECEIVER's side. Payloads as they arrived
+  (still in the senders' frames) and an :class:`Arrival`: what the receiver
+  knows about each message besides its payload (its pose seen from the
+  receiver, from the header and the receiver's own pose; the sender's type from
+  the header; the receiver's own feature and type; the cells the sender covers)
+  -> (n, C, H, W) features in the ego frame, ready for fusion.
+* ``losses(received, sender_features, arrival)``: auxiliary training losses
+  (the sender's real feature, in its own frame, is at hand in training only).
 
 ``payload_channels`` and ``wire_dtype`` say what crosses the network.
 :data:`LINKS` is the registry the ``model.link.type`` config key names;
@@ -27,6 +22,7 @@ registers GenComm's when imported; the heterogeneous baselines register in
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Literal
 
 from torch import Tensor, nn
@@ -38,6 +34,22 @@ LINKS = Registry("link", "intermediate-fusion links: what a collaborator sends, 
                  "(config key model.link.type); GenComm's registers when the gencomm package is imported")
 
 WireDtype = Literal["float32", "float16", "int8"]
+
+
+@dataclass
+class Arrival:
+    """What a receiver knows about the n messages that arrived, besides their payloads.
+
+    T_ego_from_sender: (n, 4, 4) each message's pose seen from its receiver (header pose and the
+        receiver's own pose); sender_types: (n,) from the headers; receiver_features: (n, C, H, W)
+        each receiver's own feature, ego frame; receiver_types: (n,); valid: (n, 1, H, W) the ego
+        cells each sender covers."""
+
+    T_ego_from_sender: Tensor
+    sender_types: List[str]
+    receiver_features: Tensor
+    receiver_types: List[str]
+    valid: Tensor
 
 
 @LINKS.register("full_feature")
@@ -58,10 +70,8 @@ class FullFeatureLink(nn.Module):
         """The message IS the feature."""
         return features
 
-    def receive(self, payload: Tensor, T_ego_from_sender: Tensor, ego_feature: Tensor,
-                receiver_types: List[str], valid: Tensor) -> Tensor:
-        return warp_to_ego(payload, T_ego_from_sender, self.lidar_range)
+    def receive(self, payload: Tensor, arrival: Arrival) -> Tensor:
+        return warp_to_ego(payload, arrival.T_ego_from_sender, self.lidar_range)
 
-    def losses(self, received: Tensor, sender_features: Tensor, T_ego_from_sender: Tensor,
-               valid: Tensor) -> Dict[str, Tensor]:
+    def losses(self, received: Tensor, sender_features: Tensor, arrival: Arrival) -> Dict[str, Tensor]:
         return {}
