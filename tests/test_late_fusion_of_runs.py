@@ -12,8 +12,7 @@ from opencood_ext.experiment import build_dataset
 from opencood_ext.models.second import SPCONV_CPU_ONLY
 from opencood_ext.runs import late_fusion_of, load_run
 from opencood_ext.training.onboarding import build_onboarding_model, plan_onboarding
-from opencood_ext.cli import train
-from tiny_runs import GENCOMM, PP, SECOND, tiny_config, tiny_dataset
+from tiny_runs import gencomm_stage1_runs
 
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available() and SPCONV_CPU_ONLY,
@@ -22,16 +21,8 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available() and SPCONV_CPU_ONLY,
 
 @pytest.fixture(scope="module")
 def stage1(tmp_path_factory):
-    torch.set_num_threads(1)
-    tmp = tmp_path_factory.mktemp("late_of_runs")
-    data = tiny_dataset(tmp / "data")
-    runs = {}
-    for t, stack in (("m1", PP), ("m3", SECOND)):
-        cfg = tiny_config(tmp, data, f"s1_{t}", {t: stack}, {"fusion": "intermediate", "link": GENCOMM},
-                          modality=f"all:{t}")
-        runs[t] = tmp / f"s1_{t}"
-        assert train.main(["-y", str(cfg), "--model_dir", str(runs[t]), "--set", "train.val_every=0"]) == 0
-    return runs
+    """GenComm's homogeneous stage-1 runs, m1 (PointPillars) and m3 (SECOND): every method starts here."""
+    return gencomm_stage1_runs(tmp_path_factory.mktemp("stage1"))
 
 
 def test_each_collaborator_detects_with_its_own_runs_model(stage1):

@@ -17,14 +17,13 @@ from opencood_ext.models.second import SPCONV_CPU_ONLY
 from opencood_ext.runs import load_run
 from opencood_ext.training.checkpoint import load_checkpoint
 from opencood_ext.training.onboarding import build_onboarding_model, plan_onboarding
-from tiny_runs import GENCOMM, PP, SECOND, tiny_config, tiny_dataset
+from tiny_runs import gencomm_stage1_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import inference  # noqa: E402
 import onboard  # noqa: E402
-import train  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available() and SPCONV_CPU_ONLY,
                                 reason="the trainer would put SECOND on CUDA, and this spconv is a CPU-only build")
@@ -35,16 +34,7 @@ TRAINS = {"backalign": ["encoders.m3"], "stamp": ["link.adapter.m3", "link.rever
 @pytest.fixture(scope="module")
 def stage1(tmp_path_factory):
     """GenComm's homogeneous stage-1 runs, m1 (PointPillars) and m3 (SECOND): every method starts here."""
-    torch.set_num_threads(1)
-    tmp = tmp_path_factory.mktemp("stage1")
-    data = tiny_dataset(tmp / "data")
-    runs = {}
-    for t, stack in (("m1", PP), ("m3", SECOND)):
-        cfg = tiny_config(tmp, data, f"s1_{t}", {t: stack}, {"fusion": "intermediate", "link": GENCOMM},
-                          modality=f"all:{t}")
-        runs[t] = tmp / f"s1_{t}"
-        assert train.main(["-y", str(cfg), "--model_dir", str(runs[t]), "--set", "train.val_every=0"]) == 0
-    return runs
+    return gencomm_stage1_runs(tmp_path_factory.mktemp("stage1"))
 
 
 def _under(key, prefixes):

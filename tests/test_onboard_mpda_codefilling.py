@@ -15,14 +15,13 @@ from opencood_ext.experiment import build_dataset, load_experiment
 from opencood_ext.methods.base import count_unique_parameters
 from opencood_ext.training.checkpoint import load_checkpoint
 from opencood_ext.training.onboarding import build_onboarding_model, plan_onboarding
-from tiny_runs import GENCOMM, PP, SECOND, tiny_config, tiny_dataset
+from tiny_runs import gencomm_stage1_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import inference  # noqa: E402
 import onboard  # noqa: E402
-import train  # noqa: E402
 
 SMALL_MPDA = ["--set", "model.link.resizer={mlp_dim: 16, dim_head: 4}",
               "--set", "model.link.attention={heads: 2, dim_head: 4}", "--set", "model.link.domain={hidden: 16}"]
@@ -31,16 +30,8 @@ TRAINS = {"mpda": ("link.adapter.m3.",), "codefilling": ("link.quantizer.",)}
 
 @pytest.fixture(scope="module")
 def stage1(tmp_path_factory):
-    torch.set_num_threads(1)
-    tmp = tmp_path_factory.mktemp("stage1")
-    data = tiny_dataset(tmp / "data")
-    runs = {}
-    for t, stack in (("m1", PP), ("m3", SECOND)):
-        cfg = tiny_config(tmp, data, f"s1_{t}", {t: stack}, {"fusion": "intermediate", "link": GENCOMM},
-                          modality=f"all:{t}")
-        runs[t] = tmp / f"s1_{t}"
-        assert train.main(["-y", str(cfg), "--model_dir", str(runs[t]), "--set", "train.val_every=0"]) == 0
-    return runs
+    """GenComm's homogeneous stage-1 runs, m1 (PointPillars) and m3 (SECOND): every method starts here."""
+    return gencomm_stage1_runs(tmp_path_factory.mktemp("stage1"))
 
 
 def _onboard(stage1, method, out):

@@ -1,5 +1,8 @@
 """The receiver side on its own: driven by encoded bytes and its own pose alone, and never
 crashed by a message it cannot use (it rejects, counts, and keeps detecting)."""
+import struct
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -69,6 +72,16 @@ def test_receiver_runs_from_encoded_bytes_and_its_own_pose_alone(link, fusion):
     _same(dets[0], want.detections[0])
 
 
+def _sent():
+    """A GenComm model, a cooperative batch, its features and what its collaborators send."""
+    model = _model()
+    full = collate_samples([_dataset("all")[0]])
+    with torch.no_grad():
+        feats, _ = model.encode(full)
+        sent = model.method.send(model, full, feats)
+    return model, full, feats, sent
+
+
 def _bad_packets(model, good: bytes):
     """Packets a receiver must refuse, each with the reason it should give."""
     m = wire.decode(good)
@@ -84,19 +97,13 @@ def _bad_packets(model, good: bytes):
     f = list(wire.HEADER.unpack(bytes(scaled[:wire.HEADER.size])))
     f[26] = 3.5e38  # an int8 scale whose decoded values overflow float32
     head = wire.HEADER.pack(*f)
-    import struct
-    import zlib
     out["int8 scale"] = head + struct.pack("<I", zlib.crc32(head)) + bytes(scaled[wire.HEADER_SIZE:])
     out["truncated"] = good[:-7]
     return out
 
 
 def test_every_bad_message_is_rejected_with_a_reason_and_the_ego_keeps_detecting():
-    model = _model()
-    full = collate_samples([_dataset("all")[0]])
-    with torch.no_grad():
-        feats, _ = model.encode(full)
-        sent = model.method.send(model, full, feats)
+    model, full, feats, sent = _sent()
     good = encode(sent.to_wire(0), "float16")
     accept = model.method.accept(model)
     reasons = {"shape": "payload shape", "type": "unknown agent type", "magnitude": "magnitude",
@@ -126,11 +133,7 @@ def test_every_bad_message_is_rejected_with_a_reason_and_the_ego_keeps_detecting
 
 
 def test_transmit_counts_rejections_and_bytes():
-    model = _model()
-    full = collate_samples([_dataset("all")[0]])
-    with torch.no_grad():
-        feats, _ = model.encode(full)
-        sent = model.method.send(model, full, feats)
+    model, full, feats, sent = _sent()
     strict = Acceptance(kind="bev", shape=model.method.accept(model).shape, agent_types={"m7"})
     d = transmit(sent, wire=True, dtype="float16", accept=strict)
     assert len(d.arrived) == 0 and [i for i, _ in d.rejected] == [0, 1]

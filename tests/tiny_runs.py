@@ -46,3 +46,21 @@ def tiny_config(tmp_path, root, name, agent_types, model, modality="all:m1"):
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def gencomm_stage1_runs(tmp: Path) -> dict:
+    """GenComm's homogeneous stage-1 runs m1 (PointPillars) and m3 (SECOND) on a tiny dataset, trained
+    through tools/train.py: what every onboarding method starts from. -> {type: run folder}."""
+    import torch
+
+    from opencood_ext.cli import train
+
+    torch.set_num_threads(1)
+    data = tiny_dataset(tmp / "data")
+    runs = {}
+    for t, stack_ in (("m1", PP), ("m3", SECOND)):
+        cfg = tiny_config(tmp, data, f"s1_{t}", {t: stack_}, {"fusion": "intermediate", "link": GENCOMM},
+                          modality=f"all:{t}")
+        runs[t] = tmp / f"s1_{t}"
+        assert train.main(["-y", str(cfg), "--model_dir", str(runs[t]), "--set", "train.val_every=0"]) == 0
+    return runs
