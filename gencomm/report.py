@@ -244,6 +244,36 @@ def robustness_section(out: Path) -> list:
     return lines + format_tables(data, "###") + ["![AP under channel effects](robustness/robustness.png)", ""]
 
 
+def steps_section(results: dict) -> list:
+    """The wall time of every step of this invocation (issue: the main job states its cost)."""
+    steps = results.get("steps") or []
+    if not steps:
+        return []
+    lines = ["## Wall time of each step (this invocation)", "",
+             "A step that a rerun found finished takes seconds; the training rows above give each run's logged "
+             "training time.", "", "| step | minutes |", "|---|---|"]
+    lines += [f"| {st['step']} | {st['seconds'] / 60:.1f} |" for st in steps]
+    return lines + [f"| **total** | **{results['total_wall_s'] / 60:.1f}** |", ""]
+
+
+def seed_section(results: dict) -> list:
+    """AP of every row under each training seed, with mean and standard deviation."""
+    spread = results.get("seed_spread")
+    if not spread:
+        return []
+    seeds = list(spread[0]["seeds"])
+    lines = ["## Run-to-run spread over training seeds", "",
+             "The tables above are seed " + seeds[0] + "'s; the same rows retrained with seeds "
+             + ", ".join(seeds) + " (AP@0.5 / AP@0.7, global order):", "",
+             "| method | " + " | ".join(f"seed {k}" for k in seeds) + " | mean ± std AP@0.5 | mean ± std AP@0.7 |",
+             "|---|" + "---|" * (len(seeds) + 2)]
+    for e in spread:
+        cells = [f"{e['seeds'][k]['0.5']:.3f} / {e['seeds'][k]['0.7']:.3f}" for k in seeds]
+        lines.append(f"| {e['method']} | " + " | ".join(cells) + f" | {e['0.5']['mean']:.3f} ± {e['0.5']['std']:.3f} | "
+                     f"{e['0.7']['mean']:.3f} ± {e['0.7']['std']:.3f} |")
+    return lines + [""]
+
+
 def write_report(results: dict, out: Path) -> Path:
     rows = [r for r in results["rows"] if r.get("table", "main") == "main"]
     plot = plot_ap_vs_bytes(rows, out / "ap_vs_bytes.png")
@@ -285,6 +315,8 @@ def write_report(results: dict, out: Path) -> Path:
     lines += robustness_section(out)
     from .report_hetero import hetero_section  # it reuses this module's cells
     lines += hetero_section(results["rows"], out)
+    lines += seed_section(results)
+    lines += steps_section(results)
     path = out / "REPORT.md"
     path.write_text("\n".join(lines))
     return path

@@ -24,6 +24,7 @@ to a smoke run that exercises every step in minutes.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from opencood_ext.training.runlog import training_wall_time
 
@@ -57,6 +58,7 @@ class Profile:
     robustness: Dict[str, str] = field(default_factory=dict)  # sweep levels per effect; {}: the defaults
     family: str = "sim"
     benchmark: bool = True
+    seeds: Tuple[int, ...] = (0,)
 
 
 PROFILES = {
@@ -67,6 +69,10 @@ PROFILES = {
         "train.epochs=1", "train.max_steps_per_epoch=2", "train.max_val_batches=1", "train.num_workers=0",
         "eval.max_frames=3", "eval.plot_every=1"],
         robustness={"noise": "0,0.6", "latency": "0,3", "drop": "0,1"}),  # no level and the largest
+    # one GPU: more and longer scenes, every method, three training seeds (each run's own configs' epochs)
+    # (sized from the H200 step times of an earlier session; not yet timed end to end on a GPU)
+    "paper": Profile(scenarios=80, frames=6, split=(0.5, 0.1667, 0.3333),
+                     overrides=["train.num_workers=4"], seeds=(0, 1, 2)),
 }
 
 # (method, config, fusion method used at evaluation)
@@ -143,49 +149,102 @@ def count_trainable(run: Path) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 0) -> Path:
-    profile = PROFILES[profile_name]
-    out.mkdir(parents=True, exist_ok=True)
-    runs = out / "runs"
-    started = time.time()
-    simulate(data, profile, seed)
+class Steps:
+    """Wall time of each step of this invocation (a step a rerun finds done takes seconds)."""
+
+    def __init__(self):
+        self.rows: List[Dict] = []
+
+    def run(self, name: str, fn, *args, **kw):
+        t0 = time.time()
+        result = fn(*args, **kw)
+        self.rows.append({"step": name, "seconds": time.time() - t0})
+        return result
+
+
+def _one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, steps: Steps,
+              robustness: bool) -> Dict:
+    """Train and evaluate every row for one training seed into ``runs``."""
+    if seed != 0:  # the configs' own seed is 0
+        profile = dataclasses.replace(profile, overrides=[*profile.overrides, f"train.seed={seed}"])
     rows: List[Dict] = []
     for method, config, fusion in BASELINES:
         run = runs / Path(config).stem
-        wall = train(config, run, data, profile)
-        res = evaluate_run(run, fusion, profile, method)
+        wall = steps.run(f"train {run.name}", train, config, run, data, profile)
+        res = steps.run(f"evaluate {run.name}", evaluate_run, run, fusion, profile, method)
         rows.append({"method": method, "run": str(run), "eval": res, "train_wall_s": wall,
                      "trainable_params": count_trainable(run), "note": "retrained end to end",
-                     "ego_only": ego_only(run, fusion, res, profile)})
+                     "ego_only": steps.run(f"evaluate {run.name}, collaborators off", ego_only, run, fusion, res,
+                                           profile)})
     stage1 = {}
     for t, config in STAGE1.items():
         if t in ("m2", "m4") and not profile.benchmark:
             continue  # the camera types serve the heterogeneous benchmark only
         run = runs / Path(config).stem
-        stage1[t] = {"run": run, "wall": train(config, run, data, profile)}
+        stage1[t] = {"run": run, "wall": steps.run(f"train {run.name}", train, config, run, data, profile)}
     onboard_run = runs / "gencomm_onboard_m3"
     cmd = [sys.executable, "tools/onboard.py", "-y", STAGE2, "--ego", str(stage1["m1"]["run"]),
            "--new", str(stage1["m3"]["run"]), "-o", str(onboard_run), *_sets([f"data.root={data}", *profile.overrides])]
     if profile.onboard_epochs is not None:
         cmd += ["--epochs", str(profile.onboard_epochs)]
-    _run(cmd)
+    steps.run("onboard m3 (GenComm)", _run, cmd)
     onboarding = json.loads((onboard_run / "onboarding.json").read_text())
-    res = evaluate_run(onboard_run, "intermediate", profile, "GenComm")
+    res = steps.run("evaluate gencomm_onboard_m3", evaluate_run, onboard_run, "intermediate", profile, "GenComm")
     rows.append({"method": "GenComm (m3 onboarded)", "run": str(onboard_run), "eval": res,
                  "ego_only": ego_only(onboard_run, "intermediate", res, profile),
                  "train_wall_s": onboarding["onboarding_wall_time_s"],
                  "trainable_params": onboarding["trainable_params_total"],
                  "note": f"stage 2 only; stage 1: m1 {stage1['m1']['wall']:.0f} s, m3 {stage1['m3']['wall']:.0f} s"})
-    robustness_sweep(rows, out / "robustness", profile, seed)
+    if robustness:
+        steps.run("robustness sweep", robustness_sweep, rows, out / "robustness", profile, seed)
     for r in rows:
         r["table"] = "main"
     if profile.benchmark:
         from .benchmark import run_benchmark
-        rows += run_benchmark(runs, {t: v["run"] for t, v in stage1.items()}, profile.family, _run, sys.executable,
-                              [f"data.root={data}", *profile.overrides], onboard_epochs=profile.onboard_epochs)
-    results = {"profile": profile_name, "seed": seed, "data": str(data), "rows": rows,
-               "onboarding": onboarding, "stage1_wall_s": {t: v["wall"] for t, v in stage1.items()},
-               "total_wall_s": time.time() - started}
+        rows += steps.run("heterogeneous benchmark", run_benchmark, runs, {t: v["run"] for t, v in stage1.items()},
+                          profile.family, _run, sys.executable, [f"data.root={data}", *profile.overrides],
+                          onboard_epochs=profile.onboard_epochs)
+    return {"rows": rows, "onboarding": onboarding, "stage1_wall_s": {t: v["wall"] for t, v in stage1.items()}}
+
+
+def seed_spread(per_seed: Dict[int, List[Dict]]) -> List[Dict]:
+    """Per row (by method name): AP@0.3/0.5/0.7 (global) of every training seed, mean and std."""
+    names = [r["method"] for r in next(iter(per_seed.values()))]
+    out = []
+    for name in names:
+        aps = {s: next(r["eval"]["ap"]["global"] for r in rows if r["method"] == name) for s, rows in per_seed.items()}
+        entry = {"method": name, "seeds": {str(s): ap for s, ap in aps.items()}}
+        for thr in ("0.3", "0.5", "0.7"):
+            v = [a[thr] for a in aps.values()]
+            mean = sum(v) / len(v)
+            entry[thr] = {"mean": mean, "std": (sum((x - mean) ** 2 for x in v) / max(len(v) - 1, 1)) ** 0.5}
+        out.append(entry)
+    return out
+
+
+def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 0,
+              seeds: Optional[Sequence[int]] = None, benchmark: bool = True) -> Path:
+    """The main job (module docstring). ``seed``: the data and channel seed; ``seeds``: training seeds
+    (default: the profile's); every row is trained once per training seed (runs of seeds after the
+    first in ``runs/seed<s>``), the report shows the first seed's rows and the spread across seeds."""
+    profile = PROFILES[profile_name]
+    if not benchmark:
+        profile = dataclasses.replace(profile, benchmark=False)
+    seeds = list(seeds if seeds is not None else profile.seeds)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = out / "runs"
+    started = time.time()
+    steps = Steps()
+    steps.run("simulate", simulate, data, profile, seed)
+    per_seed = {}
+    for k, s in enumerate(seeds):
+        per_seed[s] = _one_seed(out, runs if k == 0 else runs / f"seed{s}", data, profile, s, steps, robustness=k == 0)
+    first = per_seed[seeds[0]]
+    results = {"profile": profile_name, "seed": seed, "training_seeds": seeds, "data": str(data),
+               "rows": first["rows"], "onboarding": first["onboarding"], "stage1_wall_s": first["stage1_wall_s"],
+               "steps": steps.rows, "total_wall_s": time.time() - started}
+    if len(seeds) > 1:
+        results["seed_spread"] = seed_spread({s: v["rows"] for s, v in per_seed.items()})
     (out / "results.json").write_text(json.dumps(results, indent=2))
     from .report import write_report
     return write_report(results, out)

@@ -44,3 +44,34 @@ def test_report_lists_rows_and_ego_only_column(tmp_path):
     assert "| GenComm (m3 onboarded) | 0.800 of 10 | 0.250 of 4 | - |" in report
     assert "| GenComm (m3 onboarded) | 9 of 14 | 0.650 | 0.33 | 0.31 m | 9.2 deg | 1.00 of 1 |" in report
     assert (tmp_path / "ap_vs_bytes.png").stat().st_size > 1000
+
+
+def _hetero_row(name, ap5, params, nbytes):
+    dyn = [{"types": ["m1", "m2", "m3", "m4"][:k + 1], **_eval(ap5 + 0.01 * k, nbytes),
+            "onboard_params": None if k == 0 else params // 3, "onboard_gflops": None if k == 0 else 1.5}
+           for k in range(4)]
+    return {"method": f"{name} (m2, m3, m4 onboarded)", "table": "heterogeneous", "eval": _eval(ap5 + 0.03, nbytes),
+            "dynamic": dyn, "trainable_params": params, "train_wall_s": 42.0, "note": ""}
+
+
+def test_report_heterogeneous_section_seed_spread_and_step_times(tmp_path):
+    from gencomm.reproduce import seed_spread
+    main = {"method": "No fusion", "table": "main", "eval": _eval(0.5, 0), "train_wall_s": 1, "trainable_params": 1,
+            "note": ""}
+    hetero = [_hetero_row("GenComm", 0.6, 309468, 25804), _hetero_row("STAMP", 0.55, 756096, 3277004)]
+    spread = seed_spread({0: [main, *hetero], 1: [dict(main, eval=_eval(0.4, 0)), *hetero]})
+    assert spread[0]["0.5"]["mean"] == 0.45 and abs(spread[0]["0.5"]["std"] - 0.0707) < 1e-3
+    results = {"profile": "default", "seed": 0, "data": "d", "rows": [main, *hetero], "total_wall_s": 600,
+               "onboarding": {"trainable_params_per_new_type": {"m3": 1}, "frozen_params": 1,
+                              "frozen_batchnorm_layers": 0, "onboarding_wall_time_s": 1},
+               "stage1_wall_s": {"m1": 1}, "seed_spread": spread,
+               "steps": [{"step": "simulate", "seconds": 60}, {"step": "train m1_none", "seconds": 540}]}
+    report = write_report(results, tmp_path).read_text()
+    main_table = report.split("## Heterogeneous")[0]
+    assert "STAMP" not in main_table  # the main table holds the main rows only
+    assert "| method | {m1} | +m2 | +m3 | +m4 |" in report
+    assert "| GenComm (m2, m3, m4 onboarded) | 0.600 / 0.300 | 0.610 / 0.305 | 0.620 / 0.310 | 0.630 / 0.315 |" in report
+    assert "| 756,096 | m2 252,032, m3 252,032, m4 252,032 | m2 1.50, m3 1.50, m4 1.50 | 42 s |" in report
+    assert "| No fusion | 0.500 / 0.250 | 0.400 / 0.200 | 0.450 ± 0.071 |" in report
+    assert "| train m1_none | 9.0 |" in report and "| **total** | **10.0** |" in report
+    assert (tmp_path / "hetero_costs.png").stat().st_size > 1000

@@ -2,10 +2,12 @@
 """The main job: simulate the embedded default dataset, train the baselines and
 GenComm (stage 1 for m1 and m3, then onboard m3), evaluate, write the report.
 
-    python tools/reproduce.py [--quick] [--out results] [--data data/sim]
+    python tools/reproduce.py [--quick | --profile default|quick|paper] [--seeds 0,1,2]
+                              [--out results] [--data data/sim]
 
 Resumable: rerunning skips finished steps. ``--quick`` is a minutes-long smoke
-run of every step (tiny data, a few training steps).
+run of every step (tiny data, a few training steps); ``--profile paper`` is
+sized for one GPU (more data, every method, training seeds 0, 1, 2).
 """
 from __future__ import annotations
 
@@ -19,17 +21,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smoke-run profile")
+    p.add_argument("--quick", action="store_true", help="smoke-run profile (= --profile quick)")
+    p.add_argument("--profile", choices=["default", "quick", "paper"], default=None)
+    p.add_argument("--no_benchmark", action="store_true",
+                   help="skip the heterogeneous benchmark (step 6): the main table, robustness and report only")
+    p.add_argument("--seeds", default=None, metavar="S1,S2,...", help="training seeds (default: the profile's)")
     p.add_argument("--out", type=Path, default=None, help="default results/ (results/quick with --quick)")
     p.add_argument("--data", type=Path, default=None, help="default data/sim (data/sim_quick with --quick)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from gencomm.reproduce import reproduce
-    profile = "quick" if args.quick else "default"
-    out = args.out or Path("results/quick" if args.quick else "results")
-    data = args.data or Path("data/sim_quick" if args.quick else "data/sim")
-    report = reproduce(out.resolve(), data.resolve(), profile, args.seed)
+    profile = args.profile or ("quick" if args.quick else "default")
+    out = args.out or Path("results" if profile == "default" else f"results/{profile}")
+    data = args.data or Path("data/sim" if profile == "default" else f"data/sim_{profile}")
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    report = reproduce(out.resolve(), data.resolve(), profile, args.seed, seeds, benchmark=not args.no_benchmark)
     print(report.read_text())
     print(f"report: {report}")
     return 0
