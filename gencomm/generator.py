@@ -136,9 +136,9 @@ class ResidualUNet(nn.Module):
       then (all but level 0) nearest resize to the next skip's size + 3x3 conv
     - out: GN-SiLU-3x3 conv b -> out_channels
 
-    ``down_blocks[i]``, ``downsample[i]``, ``up_blocks[i]`` and ``upsample[i]`` belong to level
-    ``i`` as the reference's ``down[i]`` / ``up[i]`` do (``upsample[0]`` is an identity), so
-    the reference's parameter names map one to one.
+    ``up_blocks`` and ``upsample`` run deepest level first (``up_blocks[k]`` is level
+    ``levels - 1 - k``); the reference numbers its ``up[i]`` by level, which the weight importer
+    renumbers (:mod:`gencomm.interop`).
 
     Any H, W >= 2 ** (levels - 1): the up path resizes to each skip's size.
     """
@@ -170,14 +170,15 @@ class ResidualUNet(nn.Module):
                 self.downsample.append(_Downsample(cur))
                 skips.append(cur)
         self.mid = nn.ModuleList([block(cur, cur), block(cur, cur)])
-        up_blocks, upsample = [nn.ModuleList() for _ in mult], [nn.Identity() for _ in mult]
+        self.up_blocks, self.upsample = nn.ModuleList(), nn.ModuleList()
         for i in reversed(range(len(mult))):
+            level = nn.ModuleList()
             for _ in range(num_res_blocks + 1):
-                up_blocks[i].append(block(cur + skips.pop(), b * mult[i]))
+                level.append(block(cur + skips.pop(), b * mult[i]))
                 cur = b * mult[i]
+            self.up_blocks.append(level)
             if i > 0:
-                upsample[i] = nn.Conv2d(cur, cur, 3, padding=1)
-        self.up_blocks, self.upsample = nn.ModuleList(up_blocks), nn.ModuleList(upsample)
+                self.upsample.append(nn.Conv2d(cur, cur, 3, padding=1))
         self.out_norm = _norm(cur, norm_groups, 1e-6)
         self.out = nn.Conv2d(cur, out_channels, 3, padding=1)
 
@@ -195,11 +196,11 @@ class ResidualUNet(nn.Module):
         h = hs[-1]
         for blk in self.mid:
             h = blk(h, emb)
-        for i in reversed(range(self.levels)):
-            for blk in self.up_blocks[i]:
+        for j, level in enumerate(self.up_blocks):
+            for blk in level:
                 h = blk(torch.cat([h, hs.pop()], dim=1), emb)
-            if i > 0:
-                h = self.upsample[i](F.interpolate(h, size=hs[-1].shape[-2:], mode="nearest"))
+            if j < len(self.upsample):
+                h = self.upsample[j](F.interpolate(h, size=hs[-1].shape[-2:], mode="nearest"))
         return self.out(F.silu(self.out_norm(h)))
 
 

@@ -52,6 +52,12 @@ def _schedule_entry(name: str) -> Tuple[str, Callable[[nn.Module], Tensor]]:
     return name, lambda safg: reference_schedule(safg)[name]
 
 
+def _up_level(safg: nn.Module, k: int) -> int:
+    """Our up path runs deepest level first (up_blocks[k], upsample[k] belong to level L - 1 - k); the
+    reference's up[i] is level i. Its own inverse."""
+    return safg.unet.levels - 1 - k
+
+
 def _res_block(ref: str, ours: str) -> Tuple[Tuple[str, str], ...]:
     """The reference ResnetBlock's names below ``ref`` <-> our _ResBlock's below ``ours``."""
     return ((f"{ref}.{{m:norm1|conv1|norm2|conv2}}.{{p}}", f"{ours}.{{m:norm1|conv1|norm2|conv2}}.{{p}}"),
@@ -73,14 +79,14 @@ GENERATOR_LAYOUT = Layout(
           *_res_block(f"{_D}.down.{{i}}.block.{{j}}", "unet.down_blocks.{i}.{j}"),
           (f"{_D}.down.{{i}}.downsample.conv.{{p}}", "unet.downsample.{i}.conv.{p}"),
           *_res_block(f"{_D}.mid.block_1", "unet.mid.0"), *_res_block(f"{_D}.mid.block_2", "unet.mid.1"),
-          *_res_block(f"{_D}.up.{{i}}.block.{{j}}", "unet.up_blocks.{i}.{j}"),
-          (f"{_D}.up.{{i}}.upsample.conv.{{p}}", "unet.upsample.{i}.{p}"),
+          *_res_block(f"{_D}.up.{{u}}.block.{{j}}", "unet.up_blocks.{u}.{j}"),
+          (f"{_D}.up.{{u}}.upsample.conv.{{p}}", "unet.upsample.{u}.{p}"),
           (f"{_D}.norm_out.{{p}}", "unet.out_norm.{p}"), (f"{_D}.conv_out.{{p}}", "unet.out.{p}")),
     derived=tuple(_schedule_entry(n) for n in (
         "betas", "alphas_cumprod", "alphas_cumprod_prev", "sqrt_alphas_cumprod", "sqrt_one_minus_alphas_cumprod",
         "log_one_minus_alphas_cumprod", "sqrt_recip_alphas_cumprod", "sqrt_recipm1_alphas_cumprod",
         "posterior_variance", "posterior_log_variance_clipped", "posterior_mean_coef1", "posterior_mean_coef2")),
-    variant="reference")
+    renumber=(("u", _up_level),), variant="reference")
 
 ENHANCER_LAYOUT = Layout(
     keys=(("block_1.{m:norm1|norm2}.{p}", "reference.{m:norm1|norm2}.{p}"),

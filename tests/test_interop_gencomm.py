@@ -157,8 +157,9 @@ def test_stage1_reference_run_imports_and_evaluates(tmp_path, capsys):
     cfg, model = load_any_run(run, echo=False)
     link, stack = model.link, model.encoders["m1"]
     assert torch.equal(link.dme["m1"].se.fc1.weight, ckpt["message_extractor_m1.bev_extractor.attn.1.weight"][:, :, 0, 0])
-    assert torch.equal(link.safg["m1"].unet.up_blocks[1][2].skip.weight,
-                       ckpt["gencomm.denoiser.up.1.block.2.nin_shortcut.weight"])
+    unet = link.safg["m1"].unet  # its up path runs deepest level first: up_blocks[0] is the reference's up.1
+    assert torch.equal(unet.up_blocks[0][2].skip.weight, ckpt["gencomm.denoiser.up.1.block.2.nin_shortcut.weight"])
+    assert torch.equal(unet.upsample[0].bias, ckpt["gencomm.denoiser.up.1.upsample.conv.bias"])
     assert torch.equal(link.enhancer["m1"].reference.gate_norm.bias, ckpt["enhancer.split_attn.bn1.bias"])
     assert torch.equal(stack.backbone.ups[0][0].weight, ckpt["backbone_m1.deblocks.0.0.weight"].transpose(0, 1))
     assert torch.equal(stack.shrink.layers[0][2].bias, ckpt["shrinker_m1.layers.0.double_conv.2.bias"])

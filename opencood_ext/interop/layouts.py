@@ -76,6 +76,8 @@ class Layout:
         instead of storing (a diffusion schedule): checked on import, written on export.
     ignored: reference key prefixes the reference module holds but its forward never reads;
         dropped on import (and listed), absent from exports.
+    renumber: (placeholder, function of (our module, index)) for an index the two sides count
+        differently (a UNet's up levels, say); the function must be its own inverse.
     """
 
     keys: Tuple[Tuple[str, str], ...]
@@ -83,6 +85,7 @@ class Layout:
     variant: Optional[str] = None
     derived: Tuple[Tuple[str, Callable[[nn.Module], Tensor]], ...] = ()
     ignored: Tuple[str, ...] = ()
+    renumber: Tuple[Tuple[str, Callable[[nn.Module, int], int]], ...] = ()
 
 
 _BN = "{p:weight|bias|running_mean|running_var|num_batches_tracked}"

@@ -52,12 +52,15 @@ class _Template:
         return self._TOKEN.sub(lambda m: values[m.group(1)], self.text)
 
 
-def _translate(layout: Layout, suffix: str, to: str) -> Optional[str]:
+def _translate(layout: Layout, suffix: str, to: str, module: nn.Module) -> Optional[str]:
     """A key suffix in ``to`` = "reference" (from ours) or "ours" (from the reference); None if no rule."""
     for ref_t, our_t in layout.keys:
         src, dst = (_Template(our_t), _Template(ref_t)) if to == "reference" else (_Template(ref_t), _Template(our_t))
         values = src.match(suffix)
         if values is not None:
+            for name, fn in layout.renumber:
+                if name in values:
+                    values[name] = str(fn(module, int(values[name])))
             return dst.format(values)
     return None
 
@@ -82,7 +85,8 @@ class Slot:
         return f"{self.reference}.{suffix}" if self.reference else suffix
 
     def reference_key(self, our_key: str) -> Optional[str]:
-        suffix = _translate(self.layout, our_key[len(self.ours) + 1:], "reference") if self.layout else None
+        suffix = _translate(self.layout, our_key[len(self.ours) + 1:], "reference", self.module) \
+            if self.layout else None
         return None if suffix is None else self._full(suffix)
 
     def convert(self, our_key: str, tensor: Tensor, direction: str) -> Tensor:
