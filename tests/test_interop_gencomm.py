@@ -169,6 +169,8 @@ def test_stage1_reference_run_imports_and_evaluates(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "link.dme.m1, link.safg.m1, link.enhancer.m1, head" in printed
     assert "reference keys its forward never reads, dropped (43):" in printed
+    report = json.loads((out / "import_report.json").read_text())
+    assert report["unused_reference_keys"] == [] and len(report["dropped_unread_reference_keys"]) == 43
     again = CooperativeDetector(**{**cfg.model, "lidar_range": list(cfg.data.lidar_range)})
     load_model_state(again, out / "checkpoints" / "best.pth")
     for k, v in model.state_dict().items():
