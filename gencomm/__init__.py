@@ -6,6 +6,8 @@
 * :mod:`.enhancer` the Channel Enhancer (receiver);
 * :mod:`.link` the GenComm link, registered as ``model.link.type: gencomm``
   in :data:`opencood_ext.models.links.LINKS` when this package is imported;
+* :mod:`.interop` the reference GenComm checkpoint layout of the ``variant: reference``
+  modules (registered with :mod:`opencood_ext.interop` when this package is imported);
 * :mod:`.onboarding` stage 2, a new agent type joining an alliance;
 * :mod:`.reproduce` / :mod:`.report` the main job and its REPORT.md.
 
@@ -13,6 +15,6 @@ Everything a cooperative-perception method needs besides (data, simulator,
 encoders, detector, wire format, training engine, evaluation) is in
 :mod:`opencood_ext`.
 """
-from . import link, onboarding  # noqa: F401  (register the GenComm link and onboarding method)
+from . import interop, link, onboarding  # noqa: F401  (register the link, onboarding method, weight layouts)
 
 __version__ = "0.1.0"

@@ -136,6 +136,10 @@ class ResidualUNet(nn.Module):
       then (all but level 0) nearest resize to the next skip's size + 3x3 conv
     - out: GN-SiLU-3x3 conv b -> out_channels
 
+    ``up_blocks`` and ``upsample`` run deepest level first (``up_blocks[k]`` is level
+    ``levels - 1 - k``); the reference numbers its ``up[i]`` by level, which the weight importer
+    renumbers (:mod:`gencomm.interop`).
+
     Any H, W >= 2 ** (levels - 1): the up path resizes to each skip's size.
     """
 
@@ -266,6 +270,7 @@ class SpatialAwareFeatureGenerator(nn.Module):
             raise ValueError("SAFG channel_mult / num_res_blocks apply to variant 'reference' only")
         self.feature_channels = feature_channels
         self.message_channels = message_channels
+        self.beta_start, self.beta_end = float(beta_start), float(beta_end)
         self.out_channels = feature_channels
         self.num_steps = num_steps
         self.variant = variant

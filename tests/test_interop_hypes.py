@@ -48,10 +48,17 @@ def test_gencomm_stage1_pointpillars_converts_loads_and_builds(tmp_path, capsys)
     m = cfg.model
     assert m["agent_types"]["m1"]["encoder"] == {"type": "pointpillars", "voxel_size": [0.4, 0.4, 4],
                                                  "num_filters": [64]}
-    # the shrink header's stride 2 is folded into the backbone, so the grid is the reference's 1.6 m
-    assert m["agent_types"]["m1"]["backbone"]["upsample_strides"] == [0.5, 1.0, 2.0]
-    assert m["link"]["generator"] == {"num_steps": 3, "beta_start": 0.0005, "beta_end": 0.02, "base_channels": 8}
-    assert (m["link"]["message"]["message_channels"], m["link"]["generation_weight"]) == (2, 1.0)
+    # the reference's structures: BaseBEVBackbone, a stride-2 DownsampleConv (the grid is the reference's 1.6 m)
+    assert m["agent_types"]["m1"]["backbone"] == {
+        "type": "base_bev", "layer_nums": [3, 5, 8], "layer_strides": [2, 2, 2], "num_filters": [64, 128, 256],
+        "upsample_strides": [1, 2, 4], "num_upsample_filters": [128, 128, 128]}
+    assert m["agent_types"]["m1"]["shrink"] == {"type": "downsample_conv", "kernel_size": [3], "stride": [2],
+                                                "padding": [1], "dims": [128]}
+    # the reference GenComm ignores diffusion.beta_start / beta_end (5e-3 .. 5e-2 hard-coded): our defaults
+    assert m["link"]["generator"] == {"variant": "reference", "num_steps": 3, "base_channels": 8,
+                                      "channel_mult": [1, 1], "num_res_blocks": 2}
+    assert m["link"]["message"] == {"variant": "reference", "message_channels": 2}
+    assert m["link"]["enhancer"] == {"variant": "reference"} and m["link"]["generation_weight"] == 1.0
     assert m["anchors"]["rotations"] == [0.0, math.pi / 2]
     assert m["loss"]["smooth_l1_beta"] == pytest.approx(1 / 9)
     t = cfg.train
@@ -60,6 +67,9 @@ def test_gencomm_stage1_pointpillars_converts_loads_and_builds(tmp_path, capsys)
     model = build_model(cfg)
     assert model.grid.shape == (64, 128) and model.grid.cell == (1.6, 1.6) and model.channels == 128
     assert model.link.dme["m1"].out_channels == 2
+    assert sum(p.numel() for p in model.link.dme["m1"].parameters()) == 103_028  # MessageExtractorv2's
+    assert sum(p.numel() for p in model.link.safg["m1"].parameters()) == 43_176
+    assert sum(p.numel() for p in model.encoders["m1"].backbone.parameters()) == 6_577_408
 
 
 def test_second_stage1_keeps_the_grid_and_the_32_beam_scans():
@@ -129,6 +139,9 @@ def test_unsupported_keys_are_all_listed_with_file_and_path():
     ("dir_args: &dir {dir_offset: 0.7853", "dir_args: &dir {dir_offset: 0.5", "postprocess.dir_args.dir_offset"),
     ("lidar_range: *range\n        pillar", "lidar_range: [-51.2, -51.2, -3, 51.2, 51.2, 1]\n        pillar",
      "model.args.m1.encoder_args.lidar_range"),
+    # attention at the reference UNet's level 1 (nominal resolution 64): our reference UNet has none
+    ("attn_resolutions: [16]", "attn_resolutions: [16, 64]", "model.args.gencomm.model.attn_resolutions"),
+    ("resamp_with_conv: true", "resamp_with_conv: false", "model.args.gencomm.model.resamp_with_conv"),
 ])
 def test_inconsistent_values_are_refused(tmp_path, old, new, key):
     path = _edited(tmp_path, "gencomm_stage1_m1_pointpillars.yaml", old, new)

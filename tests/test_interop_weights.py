@@ -2,7 +2,9 @@
 
 Reference key names are written out by hand from the public modules
 (pillar_vfe.py, sparse_backbone_3d.py, base_bev_backbone_resnet.py + resblock.py,
-heter_model_baseline*.py, downsample_conv.py, message_extractor_v2.py)."""
+heter_model_baseline*.py, downsample_conv.py, message_extractor_v2.py). A run folder of the
+reference's heter_model_baseline (BaseBEVBackbone, DownsampleConv) imports and evaluates; GenComm's
+own modules: tests/test_interop_gencomm.py."""
 import copy
 import json
 import shutil
@@ -17,9 +19,9 @@ from opencood_ext.data.augment import AugmentConfig
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
 from opencood_ext.interop.runs import load_any_run
-from opencood_ext.interop.weights import (LAYOUTS, Layout, WeightImportError, export_reference_state,
-                                          import_reference_state, read_reference_checkpoint)
-from opencood_ext.models.backbone import ShrinkConv
+from opencood_ext.interop.weights import (LAYOUTS, WeightImportError, export_reference_state, import_reference_state,
+                                          read_reference_checkpoint)
+from opencood_ext.models.backbone import DownsampleConv
 from opencood_ext.models.detector import CooperativeDetector
 from opencood_ext.training.checkpoint import load_model_state
 from synthetic import SyntheticReader
@@ -204,13 +206,6 @@ def test_read_reference_checkpoint(tmp_path):
         read_reference_checkpoint(tmp_path / "missing.pth")
 
 
-@pytest.fixture
-def shrink_layout(monkeypatch):
-    """A STAND-IN reference layout for our ShrinkConv (the real reference shrinker differs), to run the
-    whole import path; it also shows that one LAYOUTS entry is all a matching module needs."""
-    monkeypatch.setitem(LAYOUTS, ShrinkConv, Layout(keys=(("stand_in.{a}.{p}", "net.{a}.{p}"),)))
-
-
 def _reference_run(tmp_path, data):
     """A reference run folder: its hypes config.yaml and a net_epoch state_dict of a random model."""
     run = tmp_path / "reference_run"
@@ -230,7 +225,7 @@ def _model_args(conv):
     return {**cfg.model, "lidar_range": list(cfg.data.lidar_range)}
 
 
-def test_reference_run_folder_imports_and_evaluates(tmp_path, shrink_layout, capsys):
+def test_reference_run_folder_imports_and_evaluates(tmp_path, capsys):
     data = tiny_dataset(tmp_path / "data")
     run, original = _reference_run(tmp_path, data)
     cfg, model = load_any_run(run, echo=False)
@@ -252,14 +247,14 @@ def test_reference_run_folder_imports_and_evaluates(tmp_path, shrink_layout, cap
     assert ours["frames"] == theirs["frames"] == 2
 
 
-def test_reference_run_folder_with_an_unmatched_module_is_refused(tmp_path, shrink_layout, monkeypatch, capsys):
+def test_reference_run_folder_with_an_unmatched_module_is_refused(tmp_path, monkeypatch, capsys):
     data = tiny_dataset(tmp_path / "data")
     run, _ = _reference_run(tmp_path, data)
-    monkeypatch.delitem(LAYOUTS, ShrinkConv)  # as it is today: our shrink does not match the reference's
+    monkeypatch.delitem(LAYOUTS, DownsampleConv)  # as if our shrink header did not match the reference's
     assert inference.main(["--model_dir", str(run), "--max_frames", "1"]) == 2
     err = capsys.readouterr().err
-    assert "net_epoch_bestval_at1.pth" in err and "encoders.m1.shrink: ShrinkConv has no reference layout" in err
-    assert "shrinker_m1.* (6 keys, e.g. shrinker_m1.stand_in.0.weight)" in err
+    assert "net_epoch_bestval_at1.pth" in err and "encoders.m1.shrink: DownsampleConv has no reference layout" in err
+    assert "shrinker_m1.* (4 keys, e.g. shrinker_m1.layers.0.double_conv.0.weight)" in err
     assert import_weights.main([str(run / "net_epoch_bestval_at1.pth"), "--config", str(run / "config.yaml"),
                                 "-o", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()

@@ -25,6 +25,18 @@ def test_parameter_count_near_paper():
     assert count_parameters(dme, trainable_only=True) == n - dme.offset.weight.numel()
 
 
+def test_reference_variant_has_the_reference_layers_and_size():
+    """variant reference: 103,028 parameters at C=128 (the docstring's sum), no BatchNorm, biases on the
+    deformable and the 1x1 conv; the default variant is unchanged (checked above)."""
+    dme = DeformableMessageExtractor(variant="reference")
+    assert count_parameters(dme) == 103_028 == 20_754 + 73_728 + 64 + 4_192 + 4_096 + 64 + 130
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in dme.modules())
+    assert dme.deform.bias is not None and dme.conv1.bias is not None
+    assert dme(torch.randn(2, 128, 4, 5)).shape == (2, 2, 4, 5)
+    with pytest.raises(ValueError, match="variant must be 'default' or 'reference'"):
+        DeformableMessageExtractor(variant="paper")
+
+
 def test_offsets_are_used_and_trainable():
     torch.manual_seed(0)
     dme = DeformableMessageExtractor(in_channels=8, hidden_channels=8, se_reduction=2).eval()

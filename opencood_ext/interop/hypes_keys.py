@@ -74,6 +74,8 @@ SCHEDULERS = ("multistep", "step")
 _DERIVED = "derived by OpenCOOD's yaml parser from the range and voxel size; recomputed here"
 _PLACEHOLDER = "a placeholder in the reference (set per modality)"
 _ANCHOR_NOTE = "equal to the detection range"
+_GENCOMM_BETAS = ("not read by the reference GenComm (cond_diff.py): its schedule is hard-coded linear in "
+                  "sqrt(beta) from 5e-3 to 5e-2, which is our generator's default")
 
 KEYS: Dict[str, Rule] = {
     # ---------------------------------------------------------------- bookkeeping
@@ -208,23 +210,17 @@ KEYS: Dict[str, Rule] = {
         "by our small conv image net"),
     "model.args.<m>.camera_mask_args.cav_lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
     "model.args.<m>.camera_mask_args.grid_conf.<k>": Same("camera grid", "heter.modality_setting.<m>.grid_conf.<k>"),
-    "model.args.<m>.backbone_args.layer_nums": Approx(
-        "model.agent_types.<m>.backbone.layer_nums", "the reference per-type backbone is BaseBEVBackbone (plain "
-        "conv-BN-ReLU stacks, layer_nums + 1 convs a level); ours has layer_nums residual BasicBlocks a level"),
+    "model.args.<m>.backbone_args.layer_nums": Mapped("model.agent_types.<m>.backbone.layer_nums (type base_bev)"),
     "model.args.<m>.backbone_args.layer_strides": Mapped("model.agent_types.<m>.backbone.layer_strides"),
     "model.args.<m>.backbone_args.num_filters": Mapped("model.agent_types.<m>.backbone.num_filters"),
-    "model.args.<m>.backbone_args.upsample_strides": Mapped(
-        "model.agent_types.<m>.backbone.upsample_strides (divided by the shrink header's stride)"),
+    "model.args.<m>.backbone_args.upsample_strides": Mapped("model.agent_types.<m>.backbone.upsample_strides"),
     "model.args.<m>.backbone_args.num_upsample_filter": Mapped("model.agent_types.<m>.backbone.num_upsample_filters"),
     "model.args.<m>.backbone_args.inplanes": Same("equal to the encoder's output width"),
     "model.args.<m>.aligner_args.core_method": Fixed(("identity",), "no feature aligner"),
-    "model.args.<m>.shrink_header.dim": Approx(
-        "model.agent_types.<m>.shrink_channels", "the reference DownsampleConv (per layer: conv+bias, ReLU, "
-        "conv+bias, ReLU) becomes our ShrinkConv (3x3 conv, BN, ReLU) of width dim[-1]"),
-    "model.args.<m>.shrink_header.stride": Mapped(
-        "model.agent_types.<m>.backbone.upsample_strides (folded in, so the feature grid is the reference's)"),
-    "model.args.<m>.shrink_header.kernal_size": Fixed(([3],), "shrink kernel"),
-    "model.args.<m>.shrink_header.padding": Fixed(([1],), "shrink padding"),
+    "model.args.<m>.shrink_header.dim": Mapped("model.agent_types.<m>.shrink.dims (type downsample_conv)"),
+    "model.args.<m>.shrink_header.stride": Mapped("model.agent_types.<m>.shrink.stride"),
+    "model.args.<m>.shrink_header.kernal_size": Mapped("model.agent_types.<m>.shrink.kernel_size"),
+    "model.args.<m>.shrink_header.padding": Mapped("model.agent_types.<m>.shrink.padding"),
     "model.args.<m>.shrink_header.input_dim": Same("equal to the backbone's output width"),
     "model.args.fusion_method": Mapped("model.fusion_op"),
     "model.args.att.feat_dim": Same("equal to the feature width"),
@@ -238,26 +234,24 @@ KEYS: Dict[str, Rule] = {
     "model.args.missing_message": Fixed((False,), "random message dropping at evaluation"),
     "model.args.supervise_single": Fixed((False,), "per-agent auxiliary heads"),
     "model.args.message_extractor.in_ch": Same("equal to the feature width"),
-    "model.args.message_extractor.out_ch": Mapped("model.link.message.message_channels"),
-    "model.args.enhancer": Approx("model.link.enhancer", "the reference enhancer is replaced by our Channel Enhancer"),
+    "model.args.message_extractor.out_ch": Mapped("model.link.message.message_channels (variant: reference)"),
+    "model.args.enhancer": Mapped("model.link.enhancer (variant: reference)"),
     "model.args.enhancer.in_ch": Same("equal to the feature width"),
     "model.args.gmatch": Dropped("used only by the reference's train_gmatch.py gradient-matching script"),
-    "model.args.gencomm.model.ch": Approx(
-        "model.link.generator.base_channels", "the reference DDPM UNet (ch_mult, res blocks, attention) is "
-        "replaced by our two-level ConditionalUNet of base width ch"),
-    "model.args.gencomm.model.embed_dim": Dropped("internal width of the reference UNet"),
+    "model.args.gencomm.model.ch": Mapped("model.link.generator.base_channels (variant: reference)"),
+    "model.args.gencomm.model.embed_dim": Dropped("stored by the reference GenComm, never used"),
     "model.args.gencomm.model.in_channels": Same("equal to the feature width"),
     "model.args.gencomm.model.out_ch": Same("equal to the feature width"),
-    "model.args.gencomm.model.ch_mult": Dropped("internal layout of the reference UNet"),
-    "model.args.gencomm.model.num_res_blocks": Dropped("internal layout of the reference UNet"),
-    "model.args.gencomm.model.attn_resolutions": Dropped("internal layout of the reference UNet"),
+    "model.args.gencomm.model.ch_mult": Mapped("model.link.generator.channel_mult"),
+    "model.args.gencomm.model.num_res_blocks": Mapped("model.link.generator.num_res_blocks"),
+    "model.args.gencomm.model.attn_resolutions": Dropped(
+        "no attention at any level: the reference UNet's level i has the nominal resolution 128 / 2**i, none "
+        "of them listed (a listed one is refused: our UNet has no attention)"),
     "model.args.gencomm.model.dropout": Fixed((0.0,), "UNet dropout"),
-    "model.args.gencomm.model.resamp_with_conv": Dropped("internal layout of the reference UNet"),
-    "model.args.gencomm.diffusion.beta_schedule": Approx(
-        "model.link.generator", "'linear' (in beta) becomes our schedule, linear in sqrt(beta), between the "
-        "same ends"),
-    "model.args.gencomm.diffusion.beta_start": Mapped("model.link.generator.beta_start"),
-    "model.args.gencomm.diffusion.beta_end": Mapped("model.link.generator.beta_end"),
+    "model.args.gencomm.model.resamp_with_conv": Fixed((True,), "UNet down/upsampling by convs"),
+    "model.args.gencomm.diffusion.beta_schedule": Dropped(_GENCOMM_BETAS),
+    "model.args.gencomm.diffusion.beta_start": Dropped(_GENCOMM_BETAS),
+    "model.args.gencomm.diffusion.beta_end": Dropped(_GENCOMM_BETAS),
     "model.args.gencomm.diffusion.num_diffusion_timesteps": Mapped("model.link.generator.num_steps"),
     # ---------------------------------------------------------------- loss, optimiser, schedule
     "loss.core_method": Fixed(("point_pillar_loss", "point_pillar_depth_loss", "point_pillar_gencomm_loss"),

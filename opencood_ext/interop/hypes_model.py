@@ -81,42 +81,54 @@ def _stack(r: HypesReader, m: str) -> dict:
         voxel = r.get(f"{setting}.preprocess.args.voxel_size")
         encoder = _pillars(r, m, voxel) if ENCODERS[core] == "pointpillars" else _second(r, m, voxel)
     bb = f"{args}.backbone_args"
-    strides = r.get(f"{args}.shrink_header.stride", [1])
-    fold = math.prod(int(s) for s in strides)
-    ups = r.get(f"{bb}.upsample_strides")
-    backbone = {"layer_nums": r.get(f"{bb}.layer_nums"), "layer_strides": r.get(f"{bb}.layer_strides"),
-                "num_filters": r.get(f"{bb}.num_filters"),
-                "upsample_strides": [u / fold if fold > 1 else u for u in ups] if isinstance(ups, list) else ups,
+    # the reference's per-type BaseBEVBackbone and DownsampleConv shrink header: ours of the same structure
+    backbone = {"type": "base_bev", "layer_nums": r.get(f"{bb}.layer_nums"),
+                "layer_strides": r.get(f"{bb}.layer_strides"), "num_filters": r.get(f"{bb}.num_filters"),
+                "upsample_strides": r.get(f"{bb}.upsample_strides"),
                 "num_upsample_filters": r.get(f"{bb}.num_upsample_filter")}
-    dims = r.get(f"{args}.shrink_header.dim", None)
-    if dims is None:
-        r.approximations.append((f"{args}.shrink_header", "absent in the reference; ours always ends on a "
-                                 "ShrinkConv, here of the backbone's width"))
-        out = sum(backbone["num_upsample_filters"] or [])
-    else:
-        out = dims[-1]
-    return {"encoder": encoder, "backbone": backbone, "shrink_channels": out}
+    sh = f"{args}.shrink_header"
+    if not r.has(f"{sh}.dim"):
+        r.approximations.append((sh, "absent in the reference; ours always ends on a ShrinkConv (3x3 conv, BN, "
+                                 "ReLU), here of the backbone's width"))
+        return {"encoder": encoder, "backbone": backbone,
+                "shrink_channels": sum(backbone["num_upsample_filters"] or [])}
+    shrink = {"type": "downsample_conv", "kernel_size": r.get(f"{sh}.kernal_size"), "stride": r.get(f"{sh}.stride"),
+              "padding": r.get(f"{sh}.padding"), "dims": r.get(f"{sh}.dim")}
+    return {"encoder": encoder, "backbone": backbone, "shrink": shrink}
+
+
+# the reference DiffusionUNet gives level i the nominal resolution 128 / 2**i (hard-coded 128) and
+# puts attention blocks at the levels whose resolution attn_resolutions lists; ours has none
+_UNET_RESOLUTION = 128
 
 
 def _link(r: HypesReader, kind: str) -> dict:
     if kind == "full_feature":
         return {"type": "full_feature", "wire_dtype": "float32"}
-    diff = "model.args.gencomm.diffusion"
-    generator = {"num_steps": r.get(f"{diff}.num_diffusion_timesteps", 3),
-                 "beta_start": r.get(f"{diff}.beta_start"), "beta_end": r.get(f"{diff}.beta_end")}
-    if r.has("model.args.gencomm.model.ch"):
-        generator["base_channels"] = r.get("model.args.gencomm.model.ch")
-    r.approximations += [
-        ("model.args.message_extractor", "reference MessageExtractorv2 (DCN with bias, no BN/ReLU after it, SE "
-         "gate of 1x1 convs, 1x1 conv+bias, ReLU, 1x1 conv) becomes our DME (DCN, BN, ReLU, SE, 1x1 conv, BN, "
-         "ReLU, 1x1 conv) with the same widths"),
-        ("model.args.enhancer", "the reference enhancer becomes our Channel Enhancer"),
-        ("model.core_method", "the reference generates in the sender's frame, then warps; ours warps the "
-         "message first (the paper's order; --set model.link.warp_before_generation=false for the reference's)"),
-    ]
-    return {"type": "gencomm", "message": {"message_channels": r.get("model.args.message_extractor.out_ch", 2)},
+    unet = "model.args.gencomm.model"
+    mult = list(r.get(f"{unet}.ch_mult", [1, 1]))
+    attn = r.get(f"{unet}.attn_resolutions", [])
+    levels = [_UNET_RESOLUTION // 2 ** i for i in range(len(mult))]
+    if any(res in levels for res in attn or []):
+        r.refuse(f"{unet}.attn_resolutions", f"puts attention blocks at the UNet levels of resolution "
+                 f"{sorted(set(attn) & set(levels))} (levels: {levels}); our reference UNet has no attention")
+    generator = {"variant": "reference", "num_steps": r.get("model.args.gencomm.diffusion.num_diffusion_timesteps", 3),
+                 "base_channels": r.get(f"{unet}.ch", 8), "channel_mult": mult,
+                 "num_res_blocks": r.get(f"{unet}.num_res_blocks", 2)}
+    link = {"type": "gencomm",
+            "message": {"variant": "reference", "message_channels": r.get("model.args.message_extractor.out_ch", 2)},
             "generator": generator, "generation_weight": float(r.get("loss.args.generate_weight", 0.0)),
             "wire_dtype": "float32"}
+    if r.has("model.args.enhancer") or r.children("model.args.enhancer"):  # the reference: 'enhancer' in args
+        link["enhancer"] = {"variant": "reference"}
+    else:
+        r.approximations.append(("model.args.enhancer", "absent: the reference applies no enhancer; our link "
+                                 "always refines with a Channel Enhancer"))
+    r.approximations.append(
+        ("model.core_method", "the reference generates in the sender's frame, then warps; ours warps the "
+         "message first (the paper's order; --set model.link.warp_before_generation=false for the reference's). "
+         "The reference also replaces the ego's own feature by a generated one; ours keeps it (the paper's)"))
+    return link
 
 
 def model_section(r: HypesReader, types: List[str]) -> dict:

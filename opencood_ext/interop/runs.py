@@ -88,6 +88,6 @@ def write_imported_run(cfg: ExperimentConfig, model: CooperativeDetector, mappin
     save_checkpoint({"format_version": FORMAT_VERSION, "model": model.state_dict(),
                      "imported_from": str(source)}, [path])
     report = {"source": str(source), "mapped": mapping.matched, "not_mapped": mapping.unmatched,
-              "unused_reference_keys": mapping.unused}
+              "unused_reference_keys": mapping.unused, "dropped_unread_reference_keys": mapping.dropped}
     (run_dir / "import_report.json").write_text(json.dumps(report, indent=1))
     return path

@@ -57,7 +57,7 @@ def build(spec: Mapping[str, Any], registry: Mapping[str, type], where: str,
 
 from ..registry import Registry  # noqa: E402
 from .anchors import AnchorGenerator, BoxCoder, Targets, assign_targets  # noqa: E402
-from .backbone import ResNetBEVBackbone, ShrinkConv  # noqa: E402
+from .backbone import BaseBEVBackbone, DownsampleConv, ResNetBEVBackbone, ShrinkConv  # noqa: E402
 from .encoder_stack import EncoderStack  # noqa: E402
 from .head import AnchorHead, HeadOutput  # noqa: E402
 from ..data.inputs import CameraInput, LidarInput  # noqa: E402
@@ -74,11 +74,17 @@ ENCODERS = Registry("encoder", "per-type sensor encoders (model.agent_types.<t>.
 })
 BACKBONES = Registry("backbone", "BEV backbones (model.agent_types.<t>.backbone.type)", {
     "resnet_bev": ResNetBEVBackbone,
+    "base_bev": BaseBEVBackbone,
+})
+SHRINKS = Registry("shrink", "shrink headers after the BEV backbone (model.agent_types.<t>.shrink.type)", {
+    "conv_bn": ShrinkConv,
+    "downsample_conv": DownsampleConv,
 })
 REGISTRY: Dict[str, type] = {
     **ENCODERS,
     **BACKBONES,
     "shrink": ShrinkConv,
+    "downsample_conv": DownsampleConv,
     "encoder_stack": EncoderStack,
     "anchor_head": AnchorHead,
 }
@@ -99,8 +105,9 @@ def voxel_sizes(model_cfg: Mapping[str, Any]) -> Dict[str, Optional[Tuple[float,
     return out
 
 __all__ = [
-    "REGISTRY", "ENCODERS", "BACKBONES", "build", "voxel_sizes", "AnchorGenerator", "BoxCoder", "Targets",
-    "assign_targets", "ResNetBEVBackbone", "ShrinkConv", "EncoderStack", "AnchorHead", "HeadOutput",
+    "REGISTRY", "ENCODERS", "BACKBONES", "SHRINKS", "build", "voxel_sizes", "AnchorGenerator", "BoxCoder",
+    "Targets", "assign_targets", "ResNetBEVBackbone", "BaseBEVBackbone", "ShrinkConv", "DownsampleConv",
+    "EncoderStack", "AnchorHead", "HeadOutput",
     "CameraInput", "LidarInput", "EncoderOutput", "DetectionLoss", "LossTerms", "LSSEncoder",
     "PointPillarEncoder", "SecondEncoder",
 ]

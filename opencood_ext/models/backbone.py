@@ -1,4 +1,4 @@
-"""BEV 2D backbones: a multi-scale ResNet with upsample-and-concat, and a shrink conv.
+"""BEV 2D backbones (multi-scale, upsample-and-concat: residual or plain levels) and shrink headers.
 
 Maps are ``(A, C, H, W)`` (H along y, W along x). Level i downsamples by the
 product of ``layer_strides[:i + 1]`` and is brought back by
@@ -9,8 +9,9 @@ level's total stride.
 """
 from __future__ import annotations
 
+import math
 from fractions import Fraction
-from typing import Sequence, Tuple
+from typing import Callable, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -48,20 +49,17 @@ def _resample(cin: int, cout: int, factor: Fraction) -> nn.Module:
     return nn.Sequential(conv, nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01), nn.ReLU(inplace=True))
 
 
-class ResNetBEVBackbone(nn.Module):
-    """Multi-scale ResNet BEV backbone (PointPillars RPN / ResNet-BEV style).
+class _LevelBackbone(nn.Module):
+    """Levels of a multi-scale BEV backbone, each resampled to a common stride and concatenated.
 
-    in_channels: from the encoder's ``out_channels``.
-    layer_nums[i] BasicBlocks at level i, the first with stride ``layer_strides[i]``
-    and width ``num_filters[i]``; each level is resampled by ``upsample_strides[i]``
-    to ``num_upsample_filters[i]`` channels; the levels are concatenated.
-    out_channels = sum(num_upsample_filters); out_stride = common overall stride.
+    ``make_level(cin, cout, num, stride)`` builds level i; the upsampling (``ups``), the stride check,
+    :meth:`out_shape` and :meth:`forward` are shared by :class:`ResNetBEVBackbone` and
+    :class:`BaseBEVBackbone`.
     """
 
-    def __init__(self, in_channels: int, layer_nums: Sequence[int] = (3, 4, 5),
-                 layer_strides: Sequence[int] = (2, 2, 2), num_filters: Sequence[int] = (64, 128, 256),
-                 upsample_strides: Sequence[float] = (1, 2, 4),
-                 num_upsample_filters: Sequence[int] = (128, 128, 128)):
+    def __init__(self, in_channels: int, layer_nums: Sequence[int], layer_strides: Sequence[int],
+                 num_filters: Sequence[int], upsample_strides: Sequence[float], num_upsample_filters: Sequence[int],
+                 make_level: Callable[[int, int, int, int], nn.Module]):
         super().__init__()
         n = len(layer_nums)
         if not n or any(len(x) != n for x in (layer_strides, num_filters, upsample_strides, num_upsample_filters)):
@@ -73,13 +71,12 @@ class ResNetBEVBackbone(nn.Module):
         cin, total = int(in_channels), Fraction(1)
         for num, stride, c, up, cu in zip(layer_nums, layer_strides, num_filters, upsample_strides,
                                           num_upsample_filters):
-            blocks = [BasicBlock(cin, c, int(stride))] + [BasicBlock(c, c) for _ in range(int(num) - 1)]
-            levels.append(nn.Sequential(*blocks))
+            levels.append(make_level(cin, int(c), int(num), int(stride)))
             total *= int(stride)
             upf = Fraction(up).limit_denominator(64)
-            ups.append(_resample(c, cu, upf))
+            ups.append(_resample(int(c), int(cu), upf))
             strides.add(total / upf)
-            cin = c
+            cin = int(c)
         if len(strides) != 1:
             raise ValueError(f"backbone: levels end at different strides {sorted(map(float, strides))}; "
                              f"choose upsample_strides so cumprod(layer_strides) / upsample_strides is constant")
@@ -106,8 +103,74 @@ class ResNetBEVBackbone(nn.Module):
         return torch.cat(outs, dim=1)
 
 
+def _residual_level(cin: int, cout: int, num: int, stride: int) -> nn.Module:
+    return nn.Sequential(BasicBlock(cin, cout, stride), *[BasicBlock(cout, cout) for _ in range(num - 1)])
+
+
+def _plain_level(cin: int, cout: int, num: int, stride: int) -> nn.Module:
+    """ZeroPad2d(1), 3x3 conv with ``stride`` (padding 0, no bias), BN, ReLU, then ``num`` x
+    (3x3 conv, BN, ReLU): indices 1 + 3k are the convs, 2 + 3k their BatchNorms."""
+    layers = [nn.ZeroPad2d(1), nn.Conv2d(cin, cout, 3, stride=stride, bias=False),
+              nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01), nn.ReLU()]
+    for _ in range(num):
+        layers += [nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01),
+                   nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+class ResNetBEVBackbone(_LevelBackbone):
+    """Multi-scale ResNet BEV backbone (PointPillars RPN / ResNet-BEV style).
+
+    in_channels: from the encoder's ``out_channels``.
+    layer_nums[i] BasicBlocks at level i, the first with stride ``layer_strides[i]``
+    and width ``num_filters[i]``; each level is resampled by ``upsample_strides[i]``
+    to ``num_upsample_filters[i]`` channels; the levels are concatenated.
+    out_channels = sum(num_upsample_filters); out_stride = common overall stride.
+    """
+
+    def __init__(self, in_channels: int, layer_nums: Sequence[int] = (3, 4, 5),
+                 layer_strides: Sequence[int] = (2, 2, 2), num_filters: Sequence[int] = (64, 128, 256),
+                 upsample_strides: Sequence[float] = (1, 2, 4),
+                 num_upsample_filters: Sequence[int] = (128, 128, 128)):
+        super().__init__(in_channels, layer_nums, layer_strides, num_filters, upsample_strides,
+                         num_upsample_filters, _residual_level)
+
+
+class BaseBEVBackbone(_LevelBackbone):
+    """Plain multi-scale BEV backbone, the structure of the reference's ``BaseBEVBackbone``
+    (HEAL / GenComm ``heter_model_baseline*``, OpenCOOD's PointPillars RPN).
+
+    Level i: a zero-padded stride-``layer_strides[i]`` 3x3 conv to ``num_filters[i]`` then
+    ``layer_nums[i]`` more 3x3 convs, each conv without bias, BatchNorm (eps 1e-3), ReLU; no
+    residuals. Resampling and concatenation as in :class:`ResNetBEVBackbone` (a stride-1 level
+    uses a 1x1 conv where the reference has a 1x1 transposed conv: the weight is transposed on
+    import). Same arguments as :class:`ResNetBEVBackbone`.
+
+    Parameters (BN = 2 per channel; up_k = upsample stride, or 1 / it when < 1)::
+
+        level i   9 * c_in * c_i + 2 c_i + layer_nums[i] * (9 c_i^2 + 2 c_i)
+        up i      up_k^2 * c_i * u_i + 2 u_i
+
+    e.g. the reference PointPillars m1 (in 64, layer_nums 3 5 8, num_filters 64 128 256,
+    upsample 1 2 4, 128 each): levels 147,968 + 812,544 + 5,018,112, ups 8,448 + 65,792 +
+    524,544: 6,577,408 parameters.
+    """
+
+    def __init__(self, in_channels: int, layer_nums: Sequence[int] = (3, 5, 8),
+                 layer_strides: Sequence[int] = (2, 2, 2), num_filters: Sequence[int] = (64, 128, 256),
+                 upsample_strides: Sequence[float] = (1, 2, 4),
+                 num_upsample_filters: Sequence[int] = (128, 128, 128)):
+        super().__init__(in_channels, layer_nums, layer_strides, num_filters, upsample_strides,
+                         num_upsample_filters, _plain_level)
+
+
 class ShrinkConv(nn.Module):
-    """3x3 conv + BN + ReLU to ``out_channels`` (the fused feature width, 128)."""
+    """3x3 conv + BN + ReLU to ``out_channels`` (the fused feature width, 128); keeps the grid.
+
+    Parameters: 9 * in_channels * out_channels + 2 * out_channels (BN).
+    """
+
+    stride = 1
 
     def __init__(self, in_channels: int, out_channels: int = 128):
         super().__init__()
@@ -115,5 +178,59 @@ class ShrinkConv(nn.Module):
                                  nn.BatchNorm2d(out_channels, eps=1e-3, momentum=0.01), nn.ReLU(inplace=True))
         self.out_channels = int(out_channels)
 
+    def out_shape(self, in_hw: Tuple[int, int]) -> Tuple[int, int]:
+        return tuple(in_hw)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+class DownsampleConv(nn.Module):
+    """Shrink header with the structure of the reference's ``DownsampleConv`` (HEAL / GenComm
+    ``shrinker_<m>``): per layer i a ``kernel_size[i]`` conv with ``stride[i]`` and ``padding[i]``
+    to ``dims[i]`` channels (bias), ReLU, a 3x3 conv (padding 1, bias), ReLU; no BatchNorm.
+
+    in_channels: derived (the backbone's width). out_channels = dims[-1];
+    stride = prod(stride): (A, in_channels, H, W) -> (A, dims[-1], H / stride, W / stride).
+    Each layer must keep the grid exact (``k - 2 p`` in ``[1, s]`` and H, W multiples of s),
+    so the feature cells stay ``stride`` times the backbone's.
+
+    Parameters: per layer ``k^2 * c_in * d + d + 9 d^2 + d``; the reference m1 header
+    (384 -> 128, k 3, stride 2) has 442,496 + 147,584 = 590,080.
+    """
+
+    def __init__(self, in_channels: int, kernel_size: Sequence[int] = (3,), stride: Sequence[int] = (1,),
+                 padding: Sequence[int] = (1,), dims: Sequence[int] = (128,)):
+        super().__init__()
+        n = len(dims)
+        if not n or any(len(x) != n for x in (kernel_size, stride, padding)):
+            raise ValueError(f"shrink: kernel_size, stride, padding and dims need the same non-zero length; got "
+                             f"{list(kernel_size)}, {list(stride)}, {list(padding)}, {list(dims)}")
+        layers, cin = [], int(in_channels)
+        for k, s, p, d in zip(kernel_size, stride, padding, dims):
+            k, s, p, d = int(k), int(s), int(p), int(d)
+            if s < 1 or not 1 <= k - 2 * p <= s:
+                raise ValueError(f"shrink: kernel {k}, stride {s}, padding {p} do not map an H multiple of {s} "
+                                 f"onto H / {s} cells; need stride >= 1 and 1 <= kernel - 2 * padding <= stride")
+            layers.append(nn.Sequential(nn.Conv2d(cin, d, k, stride=s, padding=p), nn.ReLU(inplace=True),
+                                        nn.Conv2d(d, d, 3, padding=1), nn.ReLU(inplace=True)))
+            cin = d
+        self.layers = nn.ModuleList(layers)
+        self.strides = [int(s) for s in stride]
+        self.stride = math.prod(self.strides)
+        self.out_channels = int(dims[-1])
+
+    def out_shape(self, in_hw: Tuple[int, int]) -> Tuple[int, int]:
+        """(H, W) after every layer; raises unless each layer's stride divides the grid."""
+        h, w = in_hw
+        for s in self.strides:
+            if h % s or w % s:
+                raise ValueError(f"shrink: BEV grid {h}x{w} is not a multiple of the shrink stride {s}")
+            h, w = h // s, w // s
+        return h, w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(A, in_channels, H, W) -> (A, dims[-1], H / stride, W / stride)."""
+        for layer in self.layers:
+            x = layer(x)
+        return x

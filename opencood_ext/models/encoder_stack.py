@@ -1,5 +1,5 @@
 """One agent type's perception stack up to the shared BEV feature:
-encoder -> BEV backbone -> shrink conv -> (A, shrink_channels, H, W).
+encoder -> BEV backbone -> shrink header -> (A, out_channels, H, W).
 
 Every agent type of a model must end on the same :class:`BEVGrid` so features
 can be fused: compare ``stack.grid`` across types (the lead's model does).
@@ -39,33 +39,44 @@ class EncoderStack(nn.Module):
 
     encoder: ``{"type": "pointpillars" | "second" | "lss", **args}`` (no ``lidar_range``:
         it is given once, here).
-    backbone: ``{"type": "resnet_bev" (default), **args}`` (no ``in_channels``).
+    backbone: ``{"type": "resnet_bev" (default) | "base_bev", **args}`` (no ``in_channels``).
     lidar_range: (xmin, ymin, zmin, xmax, ymax, zmax) of the agent's LiDAR frame.
-    shrink_channels: width of the output feature (``out_channels``).
+    shrink_channels: width of the output feature (``out_channels``) of the default shrink
+        (:class:`~.backbone.ShrinkConv`, 3x3 conv + BN + ReLU); None: 128.
+    shrink: another shrink header, ``{"type": "conv_bn" | "downsample_conv", **args}`` (no
+        ``in_channels``; its width is its own argument, so ``shrink_channels`` stays unset). A
+        shrink with a stride (``downsample_conv``) coarsens the feature grid by it.
     where: config location used in error messages.
 
-    forward(LidarInput | CameraInput) -> EncoderOutput(bev (A, shrink_channels, H, W),
+    forward(LidarInput | CameraInput) -> EncoderOutput(bev (A, out_channels, H, W),
     depth_logits or None).
     """
 
     def __init__(self, encoder: Mapping[str, Any], backbone: Mapping[str, Any],
-                 lidar_range: Sequence[float], shrink_channels: int = 128, where: str = "encoder_stack"):
+                 lidar_range: Sequence[float], shrink_channels: Optional[int] = None,
+                 shrink: Optional[Mapping[str, Any]] = None, where: str = "encoder_stack"):
         super().__init__()
         # local import: the registry lives in the package __init__, which imports this module
-        from . import BACKBONES, ENCODERS, build
+        from . import BACKBONES, ENCODERS, SHRINKS, build
 
         self.encoder = build(encoder, ENCODERS, f"{where}.encoder", lidar_range=list(lidar_range))
         self.backbone = build(backbone, BACKBONES, f"{where}.backbone", default_type="resnet_bev",
                               in_channels=self.encoder.out_channels)
-        from .backbone import ShrinkConv
-
-        self.shrink = ShrinkConv(self.backbone.out_channels, shrink_channels)
+        if shrink is None:
+            self.shrink = SHRINKS["conv_bn"](self.backbone.out_channels, 128 if shrink_channels is None
+                                             else shrink_channels)
+        elif shrink_channels is not None:
+            raise ValueError(f"{where}.shrink_channels: set the width inside {where}.shrink instead "
+                             f"(both are given)")
+        else:
+            self.shrink = build(shrink, SHRINKS, f"{where}.shrink", default_type="conv_bn",
+                                in_channels=self.backbone.out_channels)
         self.out_channels = self.shrink.out_channels
         try:
-            shape = self.backbone.out_shape(self.encoder.bev_shape)
+            shape = self.shrink.out_shape(self.backbone.out_shape(self.encoder.bev_shape))
         except ValueError as e:
             raise ValueError(f"{where}: encoder BEV grid {self.encoder.bev_shape}: {e}") from None
-        s = self.backbone.out_stride
+        s = self.backbone.out_stride * self.shrink.stride
         cell = (self.encoder.bev_cell[0] * s, self.encoder.bev_cell[1] * s)
         self.grid = BEVGrid(tuple(float(x) for x in lidar_range), shape, cell)
 
