@@ -6,7 +6,9 @@ stage-1 runs (GenComm's homogeneous runs, one per type).
 For each method (``METHODS``): one onboarding run (``tools/onboard.py -y
 configs/<family>/stage2/<method>_m1_m2m3m4.yaml``), evaluated dynamically as
 the paper reports it: AP with {m1}, {m1, m2}, {m1, m2, m3}, {m1, m2, m3, m4}
-(``tools/inference.py --dynamic``), with the trainable parameters and GFLOPs of
+(``tools/inference.py --dynamic``). ``types`` picks a smaller alliance in its
+joining order (e.g. m1, m3: the LiDAR pair, no camera stage 1 needed) when
+``<method>_m1_<new types>.yaml`` configs exist for it; with the trainable parameters and GFLOPs of
 what trained for each new type, the onboarding wall time and the encoded bytes
 per message. Plus two references built from the stage-1 runs alone: No fusion
 (m1's run with its collaborators off) and Late fusion (each agent detecting with
@@ -27,8 +29,13 @@ METHODS = [("GenComm", "gencomm"), ("BackAlign", "backalign"), ("STAMP", "stamp"
            ("CodeFilling", "codefilling")]
 
 
-def stage2_config(family: str, method: str) -> str:
-    return f"configs/{family}/stage2/{method}_m1_m2m3m4.yaml"
+def stage2_config(family: str, method: str, types: Sequence[str] = TYPES) -> str:
+    """The onboarding config of ``method`` for the alliance ``types`` (ego first, then the new types)."""
+    path = f"configs/{family}/stage2/{method}_{types[0]}_{''.join(types[1:])}.yaml"
+    if not (Path(__file__).resolve().parents[1] / path).exists():
+        raise FileNotFoundError(f"{path}: no stage-2 config of {method} for the alliance {', '.join(types)} "
+                                f"(configs/{family}/stage2/ holds the alliances with configs)")
+    return path
 
 
 def _dynamic(run: Path) -> List[dict]:
@@ -46,39 +53,44 @@ def _row(name: str, run: Path, dynamic: List[dict], note: str, **extra) -> dict:
 
 def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Callable[[List[str]], None],
                   python: str, overrides: Sequence[str], onboard_overrides: Sequence[str] = (),
-                  onboard_epochs=None, methods=METHODS) -> List[dict]:
+                  onboard_epochs=None, methods=METHODS, types: Sequence[str] = TYPES) -> List[dict]:
     """Onboard and evaluate every method, then the stage-1 references; -> results rows.
 
     run_cmd: runs one command (raises on failure). overrides: ``--set`` items for every step
-    (data root, quick-profile caps); onboard_overrides: extra ones for onboarding only."""
+    (data root, quick-profile caps); onboard_overrides: extra ones for onboarding only; types: the
+    alliance in joining order, the ego's type first (run folders are named after the new types)."""
+    types = list(types)
+    new = "".join(types[1:])
+    configs = {method: stage2_config(family, method, types) for _, method in methods}  # all present before training
     sets = [a for item in overrides for a in ("--set", item)]
-    order = ",".join(TYPES)
+    order = ",".join(types)
+    joined = ", ".join(types[1:])
     rows = []
     for name, method in methods:
-        run = runs / f"onboard_{method}_m2m3m4"
-        cmd = [python, "tools/onboard.py", "-y", stage2_config(family, method), "--ego", str(stage1["m1"]),
-               *[a for t in TYPES[1:] for a in ("--new", str(stage1[t]))], "-o", str(run), *sets,
+        run = runs / f"onboard_{method}_{new}"
+        cmd = [python, "tools/onboard.py", "-y", configs[method], "--ego", str(stage1[types[0]]),
+               *[a for t in types[1:] for a in ("--new", str(stage1[t]))], "-o", str(run), *sets,
                *[a for item in onboard_overrides for a in ("--set", item)]]
         if onboard_epochs is not None:
             cmd += ["--epochs", str(onboard_epochs)]
         run_cmd(cmd)
         run_cmd([python, "tools/inference.py", "--model_dir", str(run), "--dynamic", order, *sets])
         ob = json.loads((run / "onboarding.json").read_text())
-        rows.append(_row(f"{name} (m2, m3, m4 onboarded)", run, _dynamic(run), f"stage 2 ({method}) only",
+        rows.append(_row(f"{name} ({joined} onboarded)", run, _dynamic(run), f"stage 2 ({method}) only",
                          trainable_params=ob["trainable_params_total"],
                          trainable_params_per_type=ob["trainable_params_per_new_type"],
                          train_wall_s=ob["onboarding_wall_time_s"], onboard_method=method))
-    late = runs / "late_of_stage1"
-    run_cmd([python, "tools/inference.py", *[a for t in TYPES for a in ("--late_of", f"{t}={stage1[t]}")],
+    late = runs / ("late_of_stage1" if types == list(TYPES) else f"late_of_stage1_{''.join(types)}")
+    run_cmd([python, "tools/inference.py", *[a for t in types for a in ("--late_of", f"{t}={stage1[t]}")],
              "-o", str(late), "--dynamic", order, *sets])
     rows.append(_row("Late fusion (stage-1 models)", late, _dynamic(late),
                      "each agent detects with its own stage-1 run; nothing trained", trainable_params=0,
                      train_wall_s=0.0))
     alone = runs / "none_of_stage1"
-    run_cmd([python, "tools/inference.py", "--late_of", f"m1={stage1['m1']}", "-o", str(alone),
-             "--fusion_method", "none", "--dynamic", "m1", *sets])
-    row = _row("No fusion (m1 stage-1 model)", alone, _dynamic(alone), "the ego alone: the same AP for every "
+    run_cmd([python, "tools/inference.py", "--late_of", f"{types[0]}={stage1[types[0]]}", "-o", str(alone),
+             "--fusion_method", "none", "--dynamic", types[0], *sets])
+    row = _row(f"No fusion ({types[0]} stage-1 model)", alone, _dynamic(alone), "the ego alone: the same AP for every "
                "alliance", trainable_params=0, train_wall_s=0.0)
-    row["dynamic"] = [dict(row["dynamic"][0], types=list(TYPES[:k + 1])) for k in range(len(TYPES))]
+    row["dynamic"] = [dict(row["dynamic"][0], types=types[:k + 1]) for k in range(len(types))]
     rows.append(row)
     return rows

@@ -1,5 +1,5 @@
 """REPORT.md's heterogeneous-benchmark section (:mod:`gencomm.benchmark`): the
-dynamic table (AP as m2, m3, m4 join m1's alliance), the cost of onboarding per
+dynamic table (AP as new types join m1's alliance: m2, m3, m4, or the subset the benchmark ran), the cost of onboarding per
 method (trainable parameters, GFLOPs, wall time, bytes), paired differences
 against GenComm on the full alliance, and AP against trainable parameters and
 against bytes."""
@@ -15,6 +15,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .report import _ap, _differences, _fmt_bytes  # noqa: E402
+
+
+TYPE_NAMES = {"m1": "PointPillars 64-beam", "m2": "LSS camera", "m3": "SECOND 32-beam",
+              "m4": "LSS camera with a wider image backbone"}
 
 
 def _cell(d: dict, thr: str) -> str:
@@ -33,6 +37,7 @@ def _costs(r: dict) -> tuple:
 
 def plot_costs(rows: List[dict], path: Path) -> Path:
     """AP@0.5 / AP@0.7 of the full alliance against trainable parameters and against bytes per message."""
+    types = rows[0]["dynamic"][-1]["types"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
     for k, r in enumerate(rows):
         ev = r["eval"]
@@ -42,10 +47,10 @@ def plot_costs(rows: List[dict], path: Path) -> Path:
                 ax.scatter(math.log10(x), ev["ap"]["global"][thr], marker=marker, s=55, color=f"C{k % 10}")
             ax.annotate(r["method"].split(" (")[0], (math.log10(x), ev["ap"]["global"]["0.5"]),
                         textcoords="offset points", xytext=(4, 4), fontsize=7)
-    axes[0].set_xlabel("log10(trainable parameters to onboard m2, m3, m4)  (0 = none trained)")
+    axes[0].set_xlabel(f"log10(trainable parameters to onboard {', '.join(types[1:])})  (0 = none trained)")
     axes[1].set_xlabel("log10(bytes one collaborator sends per frame)")
     for ax in axes:
-        ax.set_ylabel("AP, alliance m1+m2+m3+m4 (global order)")
+        ax.set_ylabel(f"AP, alliance {'+'.join(types)} (global order)")
         ax.grid(alpha=0.3)
     fig.suptitle("Heterogeneous benchmark: circles AP@0.5, squares AP@0.7")
     fig.tight_layout()
@@ -60,17 +65,18 @@ def hetero_section(rows: List[dict], out: Path) -> List[str]:
     if not rows:
         return []
     types = [d["types"][-1] for d in rows[0]["dynamic"]]
-    lines = ["## Heterogeneous benchmark: m2, m3, m4 join m1's alliance", "",
+    lines = [f"## Heterogeneous benchmark: {', '.join(types[1:])} join{'s' if len(types) == 2 else ''} "
+             f"{types[0]}'s alliance", "",
              "Every method starts from the same GenComm stage-1 runs (one homogeneous run per type); the ego "
-             "alliance (m1's stack, fusion and head) stays frozen. m1 PointPillars 64-beam (ego), m2 LSS camera, "
-             "m3 SECOND 32-beam, m4 LSS camera with a wider image backbone. AP@0.5 / AP@0.7 (global order) with "
-             "95% scene-bootstrap intervals as the alliance grows:", "",
+             f"alliance ({types[0]}'s stack, fusion and head) stays frozen. "
+             + ", ".join(f"{t} {TYPE_NAMES.get(t, '')}".rstrip() for t in types) + " (the first is the ego). "
+             "AP@0.5 / AP@0.7 (global order) with 95% scene-bootstrap intervals as the alliance grows:", "",
              "| method | " + " | ".join(("{" + types[0] + "}") if i == 0 else "+" + t for i, t in enumerate(types)) + " |",
              "|---|" + "---|" * len(types)]
     for r in rows:
         cells = [f"{_cell(d, '0.5')} / {_cell(d, '0.7')}" for d in r["dynamic"]]
         lines.append(f"| {r['method']} | " + " | ".join(cells) + " |")
-    lines += ["", "The full alliance, and what onboarding the three new types cost:", "",
+    lines += ["", f"The full alliance, and what onboarding {', '.join(types[1:])} cost:", "",
               "| method | AP@0.3 | AP@0.5 | AP@0.7 | AP@0.5 / 0.7 (per-frame order) | trainable params (total) | "
               "per new type | GFLOPs per new type and frame | onboarding wall time | bytes per message |",
               "|---|---|---|---|---|---|---|---|---|---|"]

@@ -59,6 +59,7 @@ class Profile:
     family: str = "sim"
     benchmark: bool = True
     seeds: Tuple[int, ...] = (0,)
+    benchmark_types: Tuple[str, ...] = ("m1", "m2", "m3", "m4")  # the benchmark's alliance, joining order
 
 
 PROFILES = {
@@ -83,7 +84,7 @@ BASELINES = [
     ("Intermediate (full feature)", "configs/sim/m1m3_intermediate.yaml", "intermediate"),
 ]
 STAGE1 = {t: f"configs/sim/gencomm_stage1_{t}.yaml" for t in ("m1", "m3", "m2", "m4")}
-STAGE2 = "configs/sim/gencomm_stage2_m1_m3.yaml"
+STAGE2 = "configs/sim/stage2/gencomm_m1_m3.yaml"
 
 
 def _run(cmd: List[str]) -> None:
@@ -178,18 +179,18 @@ def _one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, st
                                            profile)})
     stage1 = {}
     for t, config in STAGE1.items():
-        if t in ("m2", "m4") and not profile.benchmark:
+        if t not in ("m1", "m3") and not (profile.benchmark and t in profile.benchmark_types):
             continue  # the camera types serve the heterogeneous benchmark only
         run = runs / Path(config).stem
         stage1[t] = {"run": run, "wall": steps.run(f"train {run.name}", train, config, run, data, profile)}
-    onboard_run = runs / "gencomm_onboard_m3"
+    onboard_run = runs / "onboard_gencomm_m3"  # the benchmark's GenComm run when it onboards m3 alone
     cmd = [sys.executable, "tools/onboard.py", "-y", STAGE2, "--ego", str(stage1["m1"]["run"]),
            "--new", str(stage1["m3"]["run"]), "-o", str(onboard_run), *_sets([f"data.root={data}", *profile.overrides])]
     if profile.onboard_epochs is not None:
         cmd += ["--epochs", str(profile.onboard_epochs)]
     steps.run("onboard m3 (GenComm)", _run, cmd)
     onboarding = json.loads((onboard_run / "onboarding.json").read_text())
-    res = steps.run("evaluate gencomm_onboard_m3", evaluate_run, onboard_run, "intermediate", profile, "GenComm")
+    res = steps.run("evaluate onboard_gencomm_m3", evaluate_run, onboard_run, "intermediate", profile, "GenComm")
     rows.append({"method": "GenComm (m3 onboarded)", "run": str(onboard_run), "eval": res,
                  "ego_only": ego_only(onboard_run, "intermediate", res, profile),
                  "train_wall_s": onboarding["onboarding_wall_time_s"],
@@ -203,7 +204,7 @@ def _one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, st
         from .benchmark import run_benchmark
         rows += steps.run("heterogeneous benchmark", run_benchmark, runs, {t: v["run"] for t, v in stage1.items()},
                           profile.family, _run, sys.executable, [f"data.root={data}", *profile.overrides],
-                          onboard_epochs=profile.onboard_epochs)
+                          onboard_epochs=profile.onboard_epochs, types=profile.benchmark_types)
     return {"rows": rows, "onboarding": onboarding, "stage1_wall_s": {t: v["wall"] for t, v in stage1.items()}}
 
 
@@ -223,13 +224,16 @@ def seed_spread(per_seed: Dict[int, List[Dict]]) -> List[Dict]:
 
 
 def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 0,
-              seeds: Optional[Sequence[int]] = None, benchmark: bool = True) -> Path:
+              seeds: Optional[Sequence[int]] = None, benchmark: bool = True,
+              benchmark_types: Optional[Sequence[str]] = None) -> Path:
     """The main job (module docstring). ``seed``: the data and channel seed; ``seeds``: training seeds
     (default: the profile's); every row is trained once per training seed (runs of seeds after the
     first in ``runs/seed<s>``), the report shows the first seed's rows and the spread across seeds."""
     profile = PROFILES[profile_name]
     if not benchmark:
         profile = dataclasses.replace(profile, benchmark=False)
+    if benchmark_types is not None:
+        profile = dataclasses.replace(profile, benchmark_types=tuple(benchmark_types))
     seeds = list(seeds if seeds is not None else profile.seeds)
     out.mkdir(parents=True, exist_ok=True)
     runs = out / "runs"

@@ -8,7 +8,7 @@ def _eval(ap5, nbytes):
 
 
 def test_report_lists_rows_and_ego_only_column(tmp_path):
-    run = tmp_path / "runs" / "gencomm_onboard_m3"
+    run = tmp_path / "runs" / "onboard_gencomm_m3"
     run.mkdir(parents=True)
     (run / "config.yaml").write_text("model: {fusion: intermediate, fusion_op: max}\ntrain: {epochs: 4}\n")
     rows = [

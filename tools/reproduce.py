@@ -25,6 +25,9 @@ def main(argv=None) -> int:
     p.add_argument("--profile", choices=["default", "quick", "paper"], default=None)
     p.add_argument("--no_benchmark", action="store_true",
                    help="skip the heterogeneous benchmark (step 6): the main table, robustness and report only")
+    p.add_argument("--benchmark_types", default=None, metavar="m1,m3",
+                   help="the benchmark's alliance in joining order, ego first (default m1,m2,m3,m4; m1,m3 is the "
+                        "LiDAR pair and needs no camera stage 1)")
     p.add_argument("--seeds", default=None, metavar="S1,S2,...", help="training seeds (default: the profile's)")
     p.add_argument("--out", type=Path, default=None, help="default results/ (results/quick with --quick)")
     p.add_argument("--data", type=Path, default=None, help="default data/sim (data/sim_quick with --quick)")
@@ -36,7 +39,8 @@ def main(argv=None) -> int:
     out = args.out or Path("results" if profile == "default" else f"results/{profile}")
     data = args.data or Path("data/sim" if profile == "default" else f"data/sim_{profile}")
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-    report = reproduce(out.resolve(), data.resolve(), profile, args.seed, seeds, benchmark=not args.no_benchmark)
+    report = reproduce(out.resolve(), data.resolve(), profile, args.seed, seeds, benchmark=not args.no_benchmark,
+                       benchmark_types=args.benchmark_types.split(",") if args.benchmark_types else None)
     print(report.read_text())
     print(f"report: {report}")
     return 0

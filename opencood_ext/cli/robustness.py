@@ -1,7 +1,7 @@
 """Robustness sweep: AP@0.5 / 0.7 of several trained runs under pose noise,
 latency and message loss, every run on the same seeded channel.
 
-    python tools/robustness.py --runs GenComm=runs/gencomm_onboard_m3 --runs Late=runs/m1m3_late:late \\
+    python tools/robustness.py --runs GenComm=runs/onboard_gencomm_m3 --runs Late=runs/m1m3_late:late \\
         --sweep all -o results/robustness
     python tools/robustness.py --runs LABEL=RUN_DIR[:FUSION] ... --sweep noise|latency|drop|all -o OUT
         [--noise 0,0.2,0.4,0.6] [--latency 0,1,2,3] [--drop 0,0.25,0.5,1] [--channel_seed 0]
