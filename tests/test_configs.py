@@ -28,8 +28,9 @@ def test_every_dataset_family_has_configs():
     families = {p.relative_to(CONFIGS).parts[0] for p in EXPERIMENTS}
     assert {"sim", "opv2v_h", "dairv2x", "v2xreal"} <= families
     for fam in ("sim", "opv2v_h", "dairv2x", "v2xreal"):
-        names = [p.name for p in EXPERIMENTS if p.relative_to(CONFIGS).parts[0] == fam]
-        assert any(n.startswith("gencomm_stage1") for n in names) and any(n.startswith("gencomm_stage2") for n in names)
+        names = [_id(p) for p in EXPERIMENTS if p.relative_to(CONFIGS).parts[0] == fam]
+        assert any(n.startswith(f"{fam}/gencomm_stage1") for n in names)
+        assert any(n.startswith((f"{fam}/gencomm_stage2", f"{fam}/stage2/gencomm_")) for n in names)
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=_id)
