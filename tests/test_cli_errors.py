@@ -51,6 +51,21 @@ def test_a_resume_that_does_not_fit_changes_nothing(trained, capsys):
     assert torch.load(run / "checkpoints" / "latest.pth", weights_only=True)["epoch"] == 2
 
 
+def test_a_run_folder_in_use_is_refused_before_anything_is_written(trained, capsys):
+    from opencood_ext.training.runfolder import WriterLock
+    _, run = trained
+    before = {p: p.read_bytes() for p in [run / "config.yaml", run / "train_log.jsonl", *(run / "checkpoints").iterdir()]}
+    held = WriterLock(run)  # another trainer's hold
+    try:
+        capsys.readouterr()
+        assert train.main(["--model_dir", str(run), "--set", "train.epochs=9"]) == 2
+        line = _one_line(capsys.readouterr().err)
+        assert str(run) in line and "another process is training into this run folder" in line
+    finally:
+        held.release()
+    assert {p: p.read_bytes() for p in before} == before
+
+
 def _corrupt(root, split, scenario):
     pcd = root / split / scenario / "10" / "000068.pcd"
     good = pcd.read_bytes()

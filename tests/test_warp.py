@@ -38,6 +38,20 @@ def test_identity_is_exact():
     assert torch.equal(warp_mask(np.repeat(np.eye(4)[None], 2, 0), RANGE, (8, 8)), torch.ones(2, 1, 8, 8))
 
 
+def test_pose_times_its_inverse_passes_through_unresampled():
+    # An ego placed in its own frame: T_ego_from_world @ T_world_from_ego, far from the world origin,
+    # is ~1e-14 off the identity; its feature must come back bit for bit, not bilinearly resampled.
+    P = pose_to_matrix([412.37, -1283.9, 0.7, 0.3, 37.13, -0.2])
+    T = np.linalg.inv(P) @ P
+    assert not np.array_equal(T, np.eye(4))  # the case the exact comparison missed
+    f = torch.randn(1, 3, 8, 8, dtype=torch.float64)
+    assert torch.equal(warp_to_ego(f, T[None], RANGE), f)
+    assert torch.equal(warp_mask(T[None], RANGE, (8, 8)), torch.ones(1, 1, 8, 8))
+    # ... while a real sub-cell move (1 mm) still resamples.
+    T[0, 3] += 1e-3
+    assert not torch.equal(warp_to_ego(f, T[None], RANGE), f)
+
+
 def test_translation_moves_hot_cell_by_whole_cells():
     # The agent is 2 m ahead (x) and 1 m left/right (y) of the ego: agent cell (row 3, col 4) -> ego (4, 6).
     out = warp_to_ego(_hot(8, 8, 3, 4), _yaw_T(0, 2.0, 1.0), RANGE)

@@ -71,9 +71,16 @@ def bev_affine_theta(T_ego_from_agent, lidar_range: Sequence[float], device=None
     return theta
 
 
+# A transform within this of the identity (metres / rotation-matrix entries) is the identity: a
+# pose times its own inverse (an ego placed in its own frame) lands ~1e-14 off it, far below a
+# cell, and resampling would only blur the ego's own feature.
+IDENTITY_ATOL = 1e-6
+
+
 def _is_identity(T: Tensor) -> Tensor:
+    """(N,) bool: which of the (N, 4, 4) transforms are the identity within IDENTITY_ATOL."""
     eye = torch.eye(4, dtype=T.dtype, device=T.device)
-    return (T == eye).flatten(1).all(dim=1)
+    return ((T - eye).abs() <= IDENTITY_ATOL).flatten(1).all(dim=1)
 
 
 def warp_to_ego(features: Tensor, T_ego_from_agent, lidar_range: Sequence[float],

@@ -22,12 +22,20 @@ the run starts again:
 * best.pth is made to hold the epoch the resume point records as best: copied
   from that epoch's file, or removed when it came from an uncommitted epoch and
   that file is gone.
+
+One writer at a time: rank 0 holds an exclusive lock on ``<run>/.writer.lock``
+(:class:`WriterLock`) from the start until training ends. A second process
+asked to train into the same folder stops with :class:`RunFolderBusy` before it
+changes anything; the operating system drops the lock when its holder dies, so
+a killed run never leaves the folder locked.
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -37,6 +45,44 @@ from .runlog import truncate_log
 log = logging.getLogger("opencood_ext.training")
 
 _TMP_NAME = re.compile(r"^\..+\.(\d+)\.[0-9a-f]+\.tmp$")  # atomic_write_bytes' temporary files
+
+
+class RunFolderBusy(CheckpointError):
+    """Another live process is training into this run folder."""
+
+
+class WriterLock:
+    """Exclusive, non-blocking ``flock`` on ``<run_dir>/.writer.lock`` (created with the folder).
+
+    Two trainers writing one folder would interleave train_log.jsonl records and checkpoints,
+    and each one's resume clean-up would cut the other's log. The lock file stays in place
+    (deleting it would let two processes lock two different files); its text names the holder.
+    """
+
+    NAME = ".writer.lock"
+
+    def __init__(self, run_dir: Path):
+        path = Path(run_dir) / self.NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "an unknown process"
+            self._file.close()
+            raise RunFolderBusy(f"{run_dir}: another process is training into this run folder ({holder}); "
+                                "two writers would interleave its checkpoints and train_log.jsonl. "
+                                "Wait for it to finish, stop it, or give another output folder") from None
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        self._file.flush()
+
+    def release(self) -> None:
+        if self._file is not None and not self._file.closed:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
 
 
 def _pid_alive(pid: int) -> bool:

@@ -71,7 +71,7 @@ from . import distributed as D
 from .checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointPaths, capture_rng_state, check_weights_fit,
                          restore_rng_state, save_checkpoint, seed_everything)
 from .freeze import PolicyLike, resolve_policy
-from .runfolder import prepare_run_folder
+from .runfolder import WriterLock, prepare_run_folder
 from .runlog import RunLog
 from .train_config import TrainConfig
 
@@ -152,6 +152,7 @@ class Trainer:
         self.best_val: Optional[float] = None
         self.history: List[dict] = []
         self._log: Optional[RunLog] = None
+        self._lock: Optional[WriterLock] = None  # rank 0's hold on the run folder, restore() to fit()'s end
         self._acc: Optional[dict] = None  # the running epoch's sums (see _train_epoch)
         self._restored: Optional[bool] = None  # restore() ran: whether it found a resume point
         self._may_skip = bool(getattr(train_set, "may_skip", False))  # samples may be None (bad frames)
@@ -202,9 +203,20 @@ class Trainer:
         out whether the run folder fits this model before writing anything (tools/train.py
         does, before it saves config.yaml). A checkpoint that does not fit raises a one-line
         :class:`CheckpointError` naming the file and the keys. Idempotent."""
+        if self.dist.is_main and self._lock is None:
+            self._lock = WriterLock(self.run_dir)  # RunFolderBusy while another process trains here
         if self._restored is None:
-            self._restored = self._resume()
+            try:
+                self._restored = self._resume()
+            except BaseException:
+                self._release()
+                raise
         return self._restored
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _resume(self) -> bool:
         found = prepare_run_folder(self.run_dir, map_location=self.device, main=self.dist.is_main)
@@ -361,13 +373,13 @@ class Trainer:
         resumed = self.restore()
         if not resumed:
             seed_everything(cfg.seed + self.dist.rank)
-        if self.dist.is_main:
-            self.paths.dir.mkdir(parents=True, exist_ok=True)
-            self._log = RunLog(self.run_dir, purge_step=self.global_step + 1 if resumed else None)
-            if resumed:
-                self._log.record("resume", {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
-                                            "global_step": self.global_step})
         try:
+            if self.dist.is_main:
+                self.paths.dir.mkdir(parents=True, exist_ok=True)
+                self._log = RunLog(self.run_dir, purge_step=self.global_step + 1 if resumed else None)
+                if resumed:
+                    self._log.record("resume", {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
+                                                "global_step": self.global_step})
             for epoch in range(self.epoch + 1, cfg.epochs + 1):
                 lr = float(self.optimizer.param_groups[0]["lr"])
                 record = {"epoch": epoch, "lr": lr, **self._train_epoch(epoch)}
@@ -393,6 +405,7 @@ class Trainer:
             if self._log:
                 self._log.close()
                 self._log = None
+            self._release()
         D.barrier()
         return TrainResult(epochs_done=self.epoch, best_val=self.best_val, history=list(self.history),
                            wall_time_s=time.time() - t0, trainable_params=self.trainable_params,
