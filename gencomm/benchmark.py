@@ -1,7 +1,12 @@
 """The heterogeneous collaboration benchmark: m2 (LSS camera), m3 (SECOND 32-beam)
 and m4 (LSS camera, wider image backbone) join the alliance of m1 (PointPillars
-64-beam, the ego) by every onboarding method, all starting from the SAME
-stage-1 runs (GenComm's homogeneous runs, one per type).
+64-beam, the ego) by every onboarding method. GenComm starts from its own
+homogeneous stage-1 runs (one per type). The competitors start, as the reference
+code runs them (``baselines/stage1/m*_att.yaml`` there), from homogeneous
+full-feature intermediate-fusion runs (``competitor_stage1``): the frozen ego
+fusion and head they reuse were trained on full features. Given no such runs,
+they start from GenComm's stage-1 runs instead, whose fusion saw only generated
+features (the {m1} column then shows what that costs them).
 
 For each method (``METHODS``): one onboarding run (``tools/onboard.py -y
 configs/<family>/stage2/<method>_m1_m2m3m4.yaml``), evaluated dynamically as
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 TYPES = ("m1", "m2", "m3", "m4")
 # (row name, onboarding method)
@@ -53,13 +58,19 @@ def _row(name: str, run: Path, dynamic: List[dict], note: str, **extra) -> dict:
 
 def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Callable[[List[str]], None],
                   python: str, overrides: Sequence[str], onboard_overrides: Sequence[str] = (),
-                  onboard_epochs=None, methods=METHODS, types: Sequence[str] = TYPES) -> List[dict]:
+                  onboard_epochs=None, methods=METHODS, types: Sequence[str] = TYPES,
+                  competitor_stage1: Optional[Dict[str, Path]] = None) -> List[dict]:
     """Onboard and evaluate every method, then the stage-1 references; -> results rows.
 
-    run_cmd: runs one command (raises on failure). overrides: ``--set`` items for every step
-    (data root, quick-profile caps); onboard_overrides: extra ones for onboarding only; types: the
-    alliance in joining order, the ego's type first (run folders are named after the new types)."""
+    stage1: GenComm's stage-1 run per type; competitor_stage1: the full-feature stage-1 run per
+    type the other methods start from (None: GenComm's; their run folders then lack the
+    ``_own_stage1`` suffix, so the two protocols never share a folder). run_cmd: runs one command
+    (raises on failure). overrides: ``--set`` items for every step (data root, quick-profile
+    caps); onboard_overrides: extra ones for onboarding only; types: the alliance in joining
+    order, the ego's type first (run folders are named after the new types)."""
     types = list(types)
+    if competitor_stage1 is not None and not set(types) <= set(competitor_stage1):
+        raise ValueError(f"competitor stage-1 runs for {sorted(competitor_stage1)}, the alliance is {types}")
     new = "".join(types[1:])
     configs = {method: stage2_config(family, method, types) for _, method in methods}  # all present before training
     sets = [a for item in overrides for a in ("--set", item)]
@@ -67,16 +78,19 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
     joined = ", ".join(types[1:])
     rows = []
     for name, method in methods:
-        run = runs / f"onboard_{method}_{new}"
-        cmd = [python, "tools/onboard.py", "-y", configs[method], "--ego", str(stage1[types[0]]),
-               *[a for t in types[1:] for a in ("--new", str(stage1[t]))], "-o", str(run), *sets,
+        own = method != "gencomm" and competitor_stage1 is not None
+        start = competitor_stage1 if own else stage1
+        run = runs / f"onboard_{method}_{new}{'_own_stage1' if own else ''}"
+        cmd = [python, "tools/onboard.py", "-y", configs[method], "--ego", str(start[types[0]]),
+               *[a for t in types[1:] for a in ("--new", str(start[t]))], "-o", str(run), *sets,
                *[a for item in onboard_overrides for a in ("--set", item)]]
         if onboard_epochs is not None:
             cmd += ["--epochs", str(onboard_epochs)]
         run_cmd(cmd)
         run_cmd([python, "tools/inference.py", "--model_dir", str(run), "--dynamic", order, *sets])
         ob = json.loads((run / "onboarding.json").read_text())
-        rows.append(_row(f"{name} ({joined} onboarded)", run, _dynamic(run), f"stage 2 ({method}) only",
+        origin = "full-feature stage-1 runs" if own else "GenComm's stage-1 runs"
+        rows.append(_row(f"{name} ({joined} onboarded)", run, _dynamic(run), f"stage 2 ({method}) from {origin}",
                          trainable_params=ob["trainable_params_total"],
                          trainable_params_per_type=ob["trainable_params_per_new_type"],
                          train_wall_s=ob["onboarding_wall_time_s"], onboard_method=method))

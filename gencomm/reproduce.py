@@ -47,7 +47,8 @@ class Profile:
 
     split: train / validate / test shares of the scenarios; camera_size: (W, H) the simulator
     renders (the camera types resize it anyway); family: the config folder of the benchmark's
-    stage-2 configs; benchmark: run the heterogeneous benchmark (step 6)."""
+    stage-2 configs; benchmark: run the heterogeneous benchmark (step 6); competitor_stage1:
+    which stage-1 runs the benchmark's competitors start from (:mod:`gencomm.benchmark`)."""
 
     scenarios: int
     frames: int
@@ -60,6 +61,7 @@ class Profile:
     benchmark: bool = True
     seeds: Tuple[int, ...] = (0,)
     benchmark_types: Tuple[str, ...] = ("m1", "m2", "m3", "m4")  # the benchmark's alliance, joining order
+    competitor_stage1: str = "own"  # "own": full-feature stage-1 runs (the reference's); "gencomm": GenComm's
 
 
 PROFILES = {
@@ -84,6 +86,8 @@ BASELINES = [
     ("Intermediate (full feature)", "configs/sim/m1m3_intermediate.yaml", "intermediate"),
 ]
 STAGE1 = {t: f"configs/sim/gencomm_stage1_{t}.yaml" for t in ("m1", "m3", "m2", "m4")}
+# the competitors' own stage 1 (full-feature intermediate fusion, homogeneous), as the reference runs them
+COMPETITOR_STAGE1 = {t: f"configs/sim/baseline_stage1_{t}.yaml" for t in ("m1", "m3", "m2", "m4")}
 STAGE2 = "configs/sim/stage2/gencomm_m1_m3.yaml"
 
 
@@ -202,9 +206,17 @@ def _one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, st
         r["table"] = "main"
     if profile.benchmark:
         from .benchmark import run_benchmark
+        competitor = None
+        if profile.competitor_stage1 == "own":
+            competitor = {}
+            for t in profile.benchmark_types:
+                run = runs / Path(COMPETITOR_STAGE1[t]).stem
+                steps.run(f"train {run.name}", train, COMPETITOR_STAGE1[t], run, data, profile)
+                competitor[t] = run
         rows += steps.run("heterogeneous benchmark", run_benchmark, runs, {t: v["run"] for t, v in stage1.items()},
                           profile.family, _run, sys.executable, [f"data.root={data}", *profile.overrides],
-                          onboard_epochs=profile.onboard_epochs, types=profile.benchmark_types)
+                          onboard_epochs=profile.onboard_epochs, types=profile.benchmark_types,
+                          competitor_stage1=competitor)
     return {"rows": rows, "onboarding": onboarding, "stage1_wall_s": {t: v["wall"] for t, v in stage1.items()}}
 
 
@@ -225,7 +237,7 @@ def seed_spread(per_seed: Dict[int, List[Dict]]) -> List[Dict]:
 
 def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 0,
               seeds: Optional[Sequence[int]] = None, benchmark: bool = True,
-              benchmark_types: Optional[Sequence[str]] = None) -> Path:
+              benchmark_types: Optional[Sequence[str]] = None, competitor_stage1: Optional[str] = None) -> Path:
     """The main job (module docstring). ``seed``: the data and channel seed; ``seeds``: training seeds
     (default: the profile's); every row is trained once per training seed (runs of seeds after the
     first in ``runs/seed<s>``), the report shows the first seed's rows and the spread across seeds."""
@@ -234,6 +246,10 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
         profile = dataclasses.replace(profile, benchmark=False)
     if benchmark_types is not None:
         profile = dataclasses.replace(profile, benchmark_types=tuple(benchmark_types))
+    if competitor_stage1 is not None:
+        if competitor_stage1 not in ("own", "gencomm"):
+            raise ValueError(f"competitor_stage1 must be 'own' or 'gencomm', got {competitor_stage1!r}")
+        profile = dataclasses.replace(profile, competitor_stage1=competitor_stage1)
     seeds = list(seeds if seeds is not None else profile.seeds)
     out.mkdir(parents=True, exist_ok=True)
     runs = out / "runs"

@@ -57,3 +57,84 @@ def test_report_names_the_alliance_that_ran(tmp_path):
     assert "## Heterogeneous benchmark: m3 joins m1's alliance" in text
     assert "m1 PointPillars 64-beam, m3 SECOND 32-beam (the first is the ego)" in text
     assert "| method | {m1} | +m3 |" in text and "m2" not in text
+
+
+@pytest.mark.parametrize("t", ["m1", "m2", "m3", "m4"])
+def test_competitor_stage1_differs_from_gencomm_stage1_only_in_the_link(t):
+    """The competitors' own stage 1 (the reference's baselines/stage1): same data, schedule, stack
+    and fusion op as GenComm's stage 1; full features on the wire."""
+    from gencomm.reproduce import COMPETITOR_STAGE1, STAGE1
+    own, gen = load_experiment(COMPETITOR_STAGE1[t]), load_experiment(STAGE1[t])
+    assert own.model["link"]["type"] == "full_feature" and gen.model["link"]["type"] == "gencomm"
+    assert dataclasses.asdict(own.train) == dataclasses.asdict(gen.train)
+    assert dataclasses.asdict(own.data) == dataclasses.asdict(gen.data) and own.data.modality == f"all:{t}"
+    strip = lambda m: {k: v for k, v in m.items() if k != "link"}  # noqa: E731
+    assert strip(own.model) == strip(gen.model)
+
+
+def _fake_tools(log):
+    """Stands in for tools/onboard.py and tools/inference.py --dynamic: records the command and
+    writes the files the benchmark reads back."""
+    import json
+    from pathlib import Path
+
+    def run(cmd):
+        log.append(cmd)
+        if "tools/onboard.py" in cmd:
+            out = Path(cmd[cmd.index("-o") + 1])
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "onboarding.json").write_text(json.dumps({"trainable_params_total": 1,
+                                                             "trainable_params_per_new_type": {"m3": 1},
+                                                             "onboarding_wall_time_s": 1.0}))
+            return
+        out = Path(cmd[cmd.index("--model_dir") + 1] if "--model_dir" in cmd else cmd[cmd.index("-o") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        types = cmd[cmd.index("--dynamic") + 1].split(",")
+        ev = {"ap": {"global": {"0.5": 0.5}}, "ap_ci": {}, "bytes_per_message": 1.0}
+        dyn = [dict(ev, types=types[:k + 1]) for k in range(len(types))]
+        (out / "eval_dynamic.json").write_text(json.dumps(dyn))
+        (out / f"eval_dyn_{'+'.join(types)}.json").write_text(json.dumps(ev))
+    return run
+
+
+def test_competitors_start_from_their_own_stage1_runs(tmp_path):
+    gen = {"m1": tmp_path / "gencomm_stage1_m1", "m3": tmp_path / "gencomm_stage1_m3"}
+    own = {"m1": tmp_path / "baseline_stage1_m1", "m3": tmp_path / "baseline_stage1_m3"}
+    log = []
+    rows = run_benchmark(tmp_path, gen, "sim", _fake_tools(log), "python", [], types=("m1", "m3"),
+                         competitor_stage1=own)
+    onboard = {c[c.index("-y") + 1].split("/")[-1]: c for c in log if "tools/onboard.py" in c}
+    assert len(onboard) == len(METHODS)
+    for cfg, cmd in onboard.items():
+        start = gen if cfg.startswith("gencomm") else own
+        assert cmd[cmd.index("--ego") + 1] == str(start["m1"]) and cmd[cmd.index("--new") + 1] == str(start["m3"])
+        out = cmd[cmd.index("-o") + 1]
+        assert out.endswith("_m3") if cfg.startswith("gencomm") else out.endswith("_m3_own_stage1")
+    notes = {r["method"]: r["note"] for r in rows}
+    assert "from full-feature stage-1 runs" in notes["BackAlign (m3 onboarded)"]
+    assert "from GenComm's stage-1 runs" in notes["GenComm (m3 onboarded)"]
+
+
+def test_competitor_stage1_must_cover_the_alliance(tmp_path):
+    log = []
+    with pytest.raises(ValueError, match="competitor stage-1 runs for"):
+        run_benchmark(tmp_path, {"m1": tmp_path, "m3": tmp_path}, "sim", _fake_tools(log), "python", [],
+                      types=("m1", "m3"), competitor_stage1={"m1": tmp_path})
+    assert log == []
+
+
+def test_report_says_which_stage1_the_competitors_started_from(tmp_path):
+    from gencomm.report_hetero import hetero_section
+    ev = {"ap": {"global": {"0.3": 0.8, "0.5": 0.7, "0.7": 0.3}, "per_frame": {"0.3": 0.8, "0.5": 0.7, "0.7": 0.3}},
+          "bytes_per_message": 100.0}
+
+    def rows(origin):
+        return [{"method": name, "table": "heterogeneous", "eval": ev, "trainable_params": 1, "train_wall_s": 1.0,
+                 "note": f"stage 2 ({m}) from {o}",
+                 "dynamic": [dict(ev, types=["m1"]), dict(ev, types=["m1", "m3"], onboard_params=1, onboard_gflops=1.0)]}
+                for name, m, o in (("GenComm (m3 onboarded)", "gencomm", "GenComm's stage-1 runs"),
+                                   ("STAMP (m3 onboarded)", "stamp", origin))]
+    assert "the other methods start from homogeneous full-feature" in "\n".join(
+        hetero_section(rows("full-feature stage-1 runs"), tmp_path))
+    assert "Every method starts from the same GenComm stage-1 runs" in "\n".join(
+        hetero_section(rows("GenComm's stage-1 runs"), tmp_path))

@@ -28,6 +28,10 @@ def main(argv=None) -> int:
     p.add_argument("--benchmark_types", default=None, metavar="m1,m3",
                    help="the benchmark's alliance in joining order, ego first (default m1,m2,m3,m4; m1,m3 is the "
                         "LiDAR pair and needs no camera stage 1)")
+    p.add_argument("--competitor_stage1", choices=["own", "gencomm"], default=None,
+                   help="the stage-1 runs BackAlign, STAMP, MPDA and CodeFilling start from: 'own' (default: "
+                        "full-feature homogeneous runs, as the reference code trains them) or 'gencomm' "
+                        "(GenComm's stage-1 runs; run folders onboard_<method>_<types> without _own_stage1)")
     p.add_argument("--seeds", default=None, metavar="S1,S2,...", help="training seeds (default: the profile's)")
     p.add_argument("--out", type=Path, default=None, help="default results/ (results/quick with --quick)")
     p.add_argument("--data", type=Path, default=None, help="default data/sim (data/sim_quick with --quick)")
@@ -40,7 +44,8 @@ def main(argv=None) -> int:
     data = args.data or Path("data/sim" if profile == "default" else f"data/sim_{profile}")
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     report = reproduce(out.resolve(), data.resolve(), profile, args.seed, seeds, benchmark=not args.no_benchmark,
-                       benchmark_types=args.benchmark_types.split(",") if args.benchmark_types else None)
+                       benchmark_types=args.benchmark_types.split(",") if args.benchmark_types else None,
+                       competitor_stage1=args.competitor_stage1)
     print(report.read_text())
     print(f"report: {report}")
     return 0
