@@ -12,9 +12,11 @@
    channel (``robustness/``);
 6. the heterogeneous benchmark (:mod:`gencomm.benchmark`): GenComm stage 1 also
    for the camera types m2 and m4, then m2, m3, m4 join m1's alliance by every
-   method (GenComm, BackAlign, STAMP, MPDA, CodeFilling) from the same stage-1
-   runs, evaluated as the alliance grows, with No fusion and Late fusion built
-   from the stage-1 runs;
+   method (GenComm, BackAlign, STAMP, MPDA, CodeFilling), evaluated as the
+   alliance grows, with No fusion and Late fusion built from GenComm's stage-1
+   runs. The competitors start from their own full-feature stage-1 runs
+   (``configs/sim/baseline_stage1_<t>.yaml``) unless ``competitor_stage1`` is
+   "gencomm";
 7. write ``REPORT.md`` (tables with 95% intervals, paired differences, plots)
    and ``results.json``.
 

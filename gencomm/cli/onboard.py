@@ -4,7 +4,8 @@
                     [--method gencomm|backalign|stamp|mpda|codefilling]
                     [-y configs/sim/stage2/gencomm_m1_m3.yaml] [--epochs N] [--set train.lr=0.0005]
 
-Every method starts from the same stage-1 runs. Without -y the stage-2
+Every method takes stage-1 runs (any homogeneous run for BackAlign, STAMP,
+MPDA and CodeFilling; a GenComm stage-1 run for GenComm). Without -y the stage-2
 experiment is composed from them: the ego's settings, each new type's stack,
 the method's link and its reference schedule; with -y the yaml's
 ``stage.method`` names the method.

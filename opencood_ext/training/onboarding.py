@@ -1,7 +1,9 @@
 """Stage 2: new agent types join an existing alliance, by any registered method.
 
-Every method starts from the SAME stage-1 runs: the receiver's (ego's)
-homogeneous run and one homogeneous run per new type. It composes one model
+Every method starts from stage-1 runs: the receiver's (ego's) homogeneous run
+and one homogeneous run per new type (GenComm from its own stage 1; the
+benchmark starts the competitors from full-feature stage-1 runs, as the
+reference code does, :mod:`gencomm.benchmark`). It composes one model
 holding every type, loads the ego alliance's weights and each new type's
 stack, freezes everything except what the method trains for the new types
 (frozen BatchNorm layers stay in eval mode every epoch), and trains with the
