@@ -93,7 +93,8 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
         rows.append(_row(f"{name} ({joined} onboarded)", run, _dynamic(run), f"stage 2 ({method}) from {origin}",
                          trainable_params=ob["trainable_params_total"],
                          trainable_params_per_type=ob["trainable_params_per_new_type"],
-                         train_wall_s=ob["onboarding_wall_time_s"], onboard_method=method))
+                         train_wall_s=ob["onboarding_wall_time_s"], onboard_method=method,
+                         stage1="full_feature" if own else "gencomm"))
     late = runs / ("late_of_stage1" if types == list(TYPES) else f"late_of_stage1_{''.join(types)}")
     run_cmd([python, "tools/inference.py", *[a for t in types for a in ("--late_of", f"{t}={stage1[t]}")],
              "-o", str(late), "--dynamic", order, *sets])

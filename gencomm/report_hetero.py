@@ -60,9 +60,8 @@ def plot_costs(rows: List[dict], path: Path) -> Path:
 
 
 def _origin(rows: List[dict]) -> str:
-    """Which stage-1 runs the onboarding rows started from (their notes, written by the benchmark)."""
-    own = any("from full-feature stage-1 runs" in r.get("note", "") for r in rows)
-    if own:
+    """Which stage-1 runs the onboarding rows started from (their ``stage1``, set by the benchmark)."""
+    if any(r.get("stage1") == "full_feature" for r in rows):
         return ("GenComm starts from its homogeneous stage-1 runs (one per type); the other methods start "
                 "from homogeneous full-feature intermediate-fusion stage-1 runs, as the reference code trains "
                 "their stage 1.")
