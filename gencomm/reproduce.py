@@ -238,11 +238,12 @@ def seed_spread(per_seed: Dict[int, List[Dict]]) -> List[Dict]:
 
 
 def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 0,
-              seeds: Optional[Sequence[int]] = None, benchmark: bool = True,
+              seeds: Optional[Sequence[int]] = None, benchmark: bool = True, robustness: bool = True,
               benchmark_types: Optional[Sequence[str]] = None, competitor_stage1: Optional[str] = None) -> Path:
     """The main job (module docstring). ``seed``: the data and channel seed; ``seeds``: training seeds
     (default: the profile's); every row is trained once per training seed (runs of seeds after the
-    first in ``runs/seed<s>``), the report shows the first seed's rows and the spread across seeds."""
+    first in ``runs/seed<s>``), the report shows the first seed's rows and the spread across seeds.
+    ``robustness``: sweep the first seed's rows (step 5)."""
     profile = PROFILES[profile_name]
     if not benchmark:
         profile = dataclasses.replace(profile, benchmark=False)
@@ -260,7 +261,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     steps.run("simulate", simulate, data, profile, seed)
     per_seed = {}
     for k, s in enumerate(seeds):
-        per_seed[s] = _one_seed(out, runs if k == 0 else runs / f"seed{s}", data, profile, s, steps, robustness=k == 0)
+        per_seed[s] = _one_seed(out, runs if k == 0 else runs / f"seed{s}", data, profile, s, steps,
+                                robustness=robustness and k == 0)
     first = per_seed[seeds[0]]
     results = {"profile": profile_name, "seed": seed, "training_seeds": seeds, "data": str(data),
                "rows": first["rows"], "onboarding": first["onboarding"], "stage1_wall_s": first["stage1_wall_s"],

@@ -25,6 +25,8 @@ def main(argv=None) -> int:
     p.add_argument("--profile", choices=["default", "quick", "paper"], default=None)
     p.add_argument("--no_benchmark", action="store_true",
                    help="skip the heterogeneous benchmark (step 6): the main table, robustness and report only")
+    p.add_argument("--no_robustness", action="store_true",
+                   help="skip the robustness sweep (step 5), e.g. when adding a training seed to an earlier run")
     p.add_argument("--benchmark_types", default=None, metavar="m1,m3",
                    help="the benchmark's alliance in joining order, ego first (default m1,m2,m3,m4; m1,m3 is the "
                         "LiDAR pair and needs no camera stage 1)")
@@ -44,6 +46,7 @@ def main(argv=None) -> int:
     data = args.data or Path("data/sim" if profile == "default" else f"data/sim_{profile}")
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     report = reproduce(out.resolve(), data.resolve(), profile, args.seed, seeds, benchmark=not args.no_benchmark,
+                       robustness=not args.no_robustness,
                        benchmark_types=args.benchmark_types.split(",") if args.benchmark_types else None,
                        competitor_stage1=args.competitor_stage1)
     print(report.read_text())
