@@ -217,9 +217,10 @@ def _localisation_table(rows) -> list:
     return lines
 
 
-def robustness_section(out: Path) -> list:
+def robustness_section(out: Path, rows=()) -> list:
     """The robustness sweep's tables and curves (``out/robustness/robustness.json``, written by the
-    main job's robustness step); nothing when the sweep has not run."""
+    main job's robustness step); nothing when the sweep has not run. When the sweep's runs are not
+    the table's ``rows`` (an invocation that only added a training seed), it says whose they are."""
     path = Path(out) / "robustness" / "robustness.json"
     if not path.is_file():
         return []
@@ -227,7 +228,12 @@ def robustness_section(out: Path) -> list:
     from opencood_ext.eval.robustness import format_tables
     data = json.loads(path.read_text())
     seed = data["settings"]["channel_seed"]
-    lines = ["## Robustness: pose noise, latency and message loss", "",
+    theirs = sorted({str(Path(r["run_dir"]).parent) for r in data["runs"]})
+    ours = {str(Path(r["run"]).parent) for r in rows if r.get("run")}
+    whose = [] if not ours or set(theirs) <= ours else [
+        f"This sweep comes from an earlier invocation, on the runs in {', '.join(f'`{t}`' for t in theirs)}, "
+        "not on the runs of the table above.", ""]
+    lines = ["## Robustness: pose noise, latency and message loss", "", *whose,
              "Every method row above, the same weights, evaluated again through an imperfect channel; every "
              f"row meets the same draws (channel seed {seed}, keyed by frame and sender). Cells are AP@0.5 / "
              "AP@0.7 in the global order. Pose noise: Gaussian on each collaborator's transmitted x, y (std in "
@@ -257,21 +263,13 @@ def steps_section(results: dict) -> list:
 
 
 def seed_section(results: dict) -> list:
-    """AP of every row under each training seed, with mean and standard deviation."""
-    spread = results.get("seed_spread")
-    if not spread:
+    """The spread over training seeds (:mod:`gencomm.seeds`), from the seed archives the main job
+    listed (``results["seed_archives"]``); nothing with fewer than two."""
+    folders = results.get("seed_archives") or []
+    if len(folders) < 2:
         return []
-    seeds = list(spread[0]["seeds"])
-    lines = ["## Run-to-run spread over training seeds", "",
-             "The tables above are seed " + seeds[0] + "'s; the same rows retrained with seeds "
-             + ", ".join(seeds) + " (AP@0.5 / AP@0.7, global order):", "",
-             "| method | " + " | ".join(f"seed {k}" for k in seeds) + " | mean ± std AP@0.5 | mean ± std AP@0.7 |",
-             "|---|" + "---|" * (len(seeds) + 2)]
-    for e in spread:
-        cells = [f"{e['seeds'][k]['0.5']:.3f} / {e['seeds'][k]['0.7']:.3f}" for k in seeds]
-        lines.append(f"| {e['method']} | " + " | ".join(cells) + f" | {e['0.5']['mean']:.3f} ± {e['0.5']['std']:.3f} | "
-                     f"{e['0.7']['mean']:.3f} ± {e['0.7']['std']:.3f} |")
-    return lines + [""]
+    from .seeds import load_archives, seed_section as spread_section
+    return spread_section(load_archives(folders))
 
 
 def write_report(results: dict, out: Path) -> Path:
@@ -312,7 +310,7 @@ def write_report(results: dict, out: Path) -> Path:
               + ", ".join(f"{t} {v:.0f} s" for t, v in s1.items()),
               "", f"![AP against bytes]({plot.name})", ""]
     lines += _pr_section(rows, out)
-    lines += robustness_section(out)
+    lines += robustness_section(out, rows)
     from .report_hetero import hetero_section  # it reuses this module's cells
     lines += hetero_section(results["rows"], out)
     lines += seed_section(results)

@@ -222,27 +222,31 @@ def _one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, st
     return {"rows": rows, "onboarding": onboarding, "stage1_wall_s": {t: v["wall"] for t, v in stage1.items()}}
 
 
-def seed_spread(per_seed: Dict[int, List[Dict]]) -> List[Dict]:
-    """Per row (by method name): AP@0.3/0.5/0.7 (global) of every training seed, mean and std."""
-    names = [r["method"] for r in next(iter(per_seed.values()))]
-    out = []
-    for name in names:
-        aps = {s: next(r["eval"]["ap"]["global"] for r in rows if r["method"] == name) for s, rows in per_seed.items()}
-        entry = {"method": name, "seeds": {str(s): ap for s, ap in aps.items()}}
-        for thr in ("0.3", "0.5", "0.7"):
-            v = [a[thr] for a in aps.values()]
-            mean = sum(v) / len(v)
-            entry[thr] = {"mean": mean, "std": (sum((x - mean) ** 2 for x in v) / max(len(v) - 1, 1)) ** 0.5}
-        out.append(entry)
-    return out
+def seed_archives(out: Path, profile_name: str, data_seed: int) -> List[Path]:
+    """The seed archives in ``out/seeds`` of this experiment (same profile and data seed), by seed;
+    archives of another experiment are left out with a warning."""
+    from .seeds import load_archive
+    keep = []
+    for folder in sorted((out / "seeds").glob("seed*")):
+        if not (folder / "rows.json").is_file():
+            continue
+        meta = load_archive(folder).meta
+        if (meta.get("profile"), meta.get("data_seed")) != (profile_name, data_seed):
+            log.warning("%s: profile %s, data seed %s, not this run's (%s, %s); left out of the seed spread",
+                        folder, meta.get("profile"), meta.get("data_seed"), profile_name, data_seed)
+            continue
+        keep.append(folder)
+    return keep
 
 
 def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 0,
               seeds: Optional[Sequence[int]] = None, benchmark: bool = True, robustness: bool = True,
               benchmark_types: Optional[Sequence[str]] = None, competitor_stage1: Optional[str] = None) -> Path:
     """The main job (module docstring). ``seed``: the data and channel seed; ``seeds``: training seeds
-    (default: the profile's); every row is trained once per training seed (runs of seeds after the
-    first in ``runs/seed<s>``), the report shows the first seed's rows and the spread across seeds.
+    (default: the profile's); every row is trained once per training seed (seed 0's runs in ``runs``,
+    another seed's in ``runs/seed<s>``), the report shows the first seed's rows and the spread across seeds.
+    Every seed leaves an archive in ``out/seeds/seed<s>`` (:mod:`gencomm.seeds`); the spread covers every
+    archive there of this profile and data seed, so a seed added by a later invocation joins it.
     ``robustness``: sweep the first seed's rows (step 5)."""
     profile = PROFILES[profile_name]
     if not benchmark:
@@ -260,15 +264,21 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     steps = Steps()
     steps.run("simulate", simulate, data, profile, seed)
     per_seed = {}
+    from .seeds import archive_seed, load_archives, spread_json
     for k, s in enumerate(seeds):
-        per_seed[s] = _one_seed(out, runs if k == 0 else runs / f"seed{s}", data, profile, s, steps,
+        # seed 0's runs in runs/, another seed's in runs/seed<s> (so adding a seed later never resumes seed 0's)
+        per_seed[s] = _one_seed(out, runs if s == 0 else runs / f"seed{s}", data, profile, s, steps,
                                 robustness=robustness and k == 0)
+        archive_seed([r for r in per_seed[s]["rows"] if r["table"] == "main"], s, out / "seeds",
+                     {"profile": profile_name, "data_seed": seed, "command": " ".join(["tools/reproduce.py", *sys.argv[1:]])})
     first = per_seed[seeds[0]]
     results = {"profile": profile_name, "seed": seed, "training_seeds": seeds, "data": str(data),
                "rows": first["rows"], "onboarding": first["onboarding"], "stage1_wall_s": first["stage1_wall_s"],
                "steps": steps.rows, "total_wall_s": time.time() - started}
-    if len(seeds) > 1:
-        results["seed_spread"] = seed_spread({s: v["rows"] for s, v in per_seed.items()})
+    archives = seed_archives(out, profile_name, seed)  # this invocation's seeds and earlier ones'
+    results["seed_archives"] = [str(a) for a in archives]
+    if len(archives) > 1:
+        results["seed_spread"] = spread_json(load_archives(archives))
     (out / "results.json").write_text(json.dumps(results, indent=2))
     from .report import write_report
     return write_report(results, out)

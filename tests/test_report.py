@@ -55,16 +55,17 @@ def _hetero_row(name, ap5, params, nbytes):
 
 
 def test_report_heterogeneous_section_seed_spread_and_step_times(tmp_path):
-    from gencomm.reproduce import seed_spread
+    from test_seeds import HITS, _rows
+    from gencomm.seeds import archive_seed
     main = {"method": "No fusion", "table": "main", "eval": _eval(0.5, 0), "train_wall_s": 1, "trainable_params": 1,
             "note": ""}
     hetero = [_hetero_row("GenComm", 0.6, 309468, 25804), _hetero_row("STAMP", 0.55, 756096, 3277004)]
-    spread = seed_spread({0: [main, *hetero], 1: [dict(main, eval=_eval(0.4, 0)), *hetero]})
-    assert spread[0]["0.5"]["mean"] == 0.45 and abs(spread[0]["0.5"]["std"] - 0.0707) < 1e-3
+    archives = [str(archive_seed(_rows(tmp_path, s, HITS[s]), s, tmp_path / "seeds",
+                                 {"profile": "default", "data_seed": 0})) for s in (0, 1)]
     results = {"profile": "default", "seed": 0, "data": "d", "rows": [main, *hetero], "total_wall_s": 600,
                "onboarding": {"trainable_params_per_new_type": {"m3": 1}, "frozen_params": 1,
                               "frozen_batchnorm_layers": 0, "onboarding_wall_time_s": 1},
-               "stage1_wall_s": {"m1": 1}, "seed_spread": spread,
+               "stage1_wall_s": {"m1": 1}, "seed_archives": archives,
                "steps": [{"step": "simulate", "seconds": 60}, {"step": "train m1_none", "seconds": 540}]}
     report = write_report(results, tmp_path).read_text()
     main_table = report.split("## Heterogeneous")[0]
@@ -72,6 +73,7 @@ def test_report_heterogeneous_section_seed_spread_and_step_times(tmp_path):
     assert "| method | {m1} | +m2 | +m3 | +m4 |" in report
     assert "| GenComm (m2, m3, m4 onboarded) | 0.600 / 0.300 | 0.610 / 0.305 | 0.620 / 0.310 | 0.630 / 0.315 |" in report
     assert "| 756,096 | m2 252,032, m3 252,032, m4 252,032 | m2 1.50, m3 1.50, m4 1.50 | 42 s |" in report
-    assert "| No fusion | 0.500 / 0.250 | 0.400 / 0.200 | 0.450 ± 0.071 |" in report
+    assert "## Run-to-run spread over training seeds" in report  # gencomm.seeds' section (tests/test_seeds.py)
+    assert "| No fusion | 0.450 ± 0.071 | 0.450 ± 0.071 | 0.450 ± 0.071 | 0.500, 0.400 |" in report
     assert "| train m1_none | 9.0 |" in report and "| **total** | **10.0** |" in report
     assert (tmp_path / "hetero_costs.png").stat().st_size > 1000

@@ -51,3 +51,17 @@ def test_quick_reproduction_end_to_end(tmp_path):
     again = subprocess.run([sys.executable, "tools/reproduce.py", "--quick", "--out", str(out), "--data", str(data)],
                            cwd=ROOT, capture_output=True, text=True, timeout=3600)
     assert again.returncode == 0, again.stderr[-4000:]
+    # every seed leaves an archive; a seed added by a later invocation joins the report's spread
+    assert results["seed_archives"] == [str(out / "seeds" / "seed0")]
+    assert "Run-to-run spread" not in report  # one seed has no spread
+    more = subprocess.run([sys.executable, "tools/reproduce.py", "--quick", "--out", str(out), "--data", str(data),
+                           "--seeds", "1", "--no_benchmark", "--no_robustness"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    assert more.returncode == 0, more.stderr[-4000:]
+    assert (out / "runs" / "seed1" / "m1_none" / "config.yaml").is_file()  # not seed 0's runs resumed
+    results = json.loads((out / "results.json").read_text())
+    assert results["seed_archives"] == [str(out / "seeds" / "seed0"), str(out / "seeds" / "seed1")]
+    assert [e["method"] for e in results["seed_spread"]] == list(rows)
+    report = (out / "REPORT.md").read_text()
+    assert "## Run-to-run spread over training seeds" in report and "Training seeds 0, 1" in report
+    assert "This sweep comes from an earlier invocation" in report  # seed 0's sweep, seed 1's table

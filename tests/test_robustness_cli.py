@@ -140,6 +140,12 @@ def test_report_section_from_robustness_json(tmp_path):
     assert "![AP under channel effects](robustness/robustness.png)" in text
     assert "### Pose noise" in text and "| Late fusion | 0.700 / 0.200 | 0.450 / 0.100 |" in text
     assert "Late fusion +0.000, GenComm +0.002" in text  # drop 1 against collaborators off, AP@0.5
+    assert "earlier invocation" not in text
+    swept = sorted({str(Path(r["run_dir"]).parent) for r in _data(False)["runs"]})
+    same = [{"run": str(Path(d) / "x")} for d in swept]
+    assert "earlier invocation" not in "\n".join(robustness_section(tmp_path, same))
+    other = "\n".join(robustness_section(tmp_path, [{"run": "/results/runs/seed1/m1_none"}]))
+    assert "This sweep comes from an earlier invocation, on the runs in `" + swept[0] in other
 
 
 def test_main_job_sweeps_every_method_row(tmp_path, monkeypatch):

@@ -339,6 +339,32 @@ def paired_difference(a: FrameRecords, b: FrameRecords, resamples: int = 1000, s
                             {o: q[o][1] for o in ORDERS}, a.num_scenes, len(draws), seed, level)
 
 
+def pooled_paired_difference(pairs: Sequence[Tuple[FrameRecords, FrameRecords]], resamples: int = 1000,
+                             seed: int = 0, level: float = LEVEL) -> PairedDifference:
+    """The mean over ``pairs`` (e.g. one per training seed) of ``AP(a) - AP(b)``, with its percentile
+    interval over scene draws that are the SAME for every pair and both sides: the interval covers the
+    test scenes' sampling of the seed-averaged difference, not the spread between seeds (report that
+    separately). Every evaluation must hold the frames of the first pair's ``a``."""
+    _check(resamples, level)
+    if not pairs:
+        raise ValueError("pooled_paired_difference: no pairs")
+    first = pairs[0][0]
+    draws = scene_draws(first.num_scenes, resamples, seed)
+    point, samples = {o: 0.0 for o in ORDERS}, {o: 0.0 for o in ORDERS}
+    for a, b in pairs:
+        if a.thresholds != first.thresholds:
+            raise ValueError(f"cannot pool evaluations at thresholds {a.thresholds} and {first.thresholds}")
+        a, b = a.aligned_to(first), b.aligned_to(first)  # same scene order, so the draws mean the same
+        pa, pb = _ap_of(a, np.arange(a.num_frames)), _ap_of(b, np.arange(b.num_frames))
+        sa, sb = _samples(a, draws), _samples(b, draws)
+        for o in ORDERS:
+            point[o] = point[o] + (pa[o] - pb[o]) / len(pairs)
+            samples[o] = samples[o] + (sa[o] - sb[o]) / len(pairs)
+    q = {o: _percentiles(samples[o], level) for o in ORDERS}
+    return PairedDifference(first.thresholds, point, {o: q[o][0] for o in ORDERS}, {o: q[o][1] for o in ORDERS},
+                            first.num_scenes, len(draws), seed, level)
+
+
 def frames_path(run_dir, label: str) -> Path:
     """Where evaluate() writes the per-frame records of ``eval_<label>.json``."""
     return Path(run_dir) / f"eval_{label}_frames.npz"

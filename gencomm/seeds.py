@@ -1,0 +1,290 @@
+"""Training seeds of the main table, kept and combined across invocations.
+
+One training seed of the main job costs about an hour on a 2-core CPU, so the three seeds a
+run-to-run spread needs may be trained on different days or machines. Each seed therefore leaves
+a small archive (tens of kB) that can be committed and combined later::
+
+    <dir>/seed<s>/rows.json          meta (training seed, data seed, profile, test frames, commit,
+                                     command) and one entry per main-table row
+    <dir>/seed<s>/row<k>.npz         the row's per-frame records (opencood_ext.eval.bootstrap)
+    <dir>/seed<s>/row<k>_ego_only.npz   the same weights with the collaborators off
+
+:func:`archive_seed` writes one from a main job's rows (the main job does it for every seed, into
+``<out>/seeds``); :func:`seed_section` turns a set of archives into the report's spread section:
+every row's AP per seed with mean and standard deviation, each row's paired difference against
+GenComm per seed and pooled over seeds, what cooperation adds (same weights, collaborators off),
+and which claims hold in every seed. ``tools/seed_report.py`` runs both from the command line.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from opencood_ext.eval.bootstrap import FrameRecords, paired_difference, pooled_paired_difference
+
+THRESHOLDS = ("0.3", "0.5", "0.7")
+REFERENCE = "GenComm"
+ARCHIVE_VERSION = 1
+
+
+def _git_commit(root: Path) -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def archive_seed(rows: Sequence[dict], seed: int, dest: Path, meta: Optional[dict] = None) -> Path:
+    """Write ``dest/seed<seed>/`` from main-table rows (``results.json`` rows: ``method``, ``eval`` and
+    ``ego_only`` with their ``frames_file``, ``trainable_params``, ``train_wall_s``); returns the folder.
+
+    Rows without per-frame records raise (the archive would not support the paired statistics)."""
+    folder = Path(dest) / f"seed{seed}"
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    entries = []
+    for k, r in enumerate(r for r in rows if r.get("table", "main") == "main"):
+        entry = {"method": r["method"], "trainable_params": r.get("trainable_params"),
+                 "train_wall_s": r.get("train_wall_s")}
+        for key, suffix in (("eval", ""), ("ego_only", "_ego_only")):
+            ev = r.get(key) or {}
+            src = ev.get("frames_file")
+            if not src or not Path(src).is_file():
+                shutil.rmtree(tmp)
+                raise FileNotFoundError(f"row {r['method']!r}: {key}.frames_file {src!r} is missing; evaluate the "
+                                        "run again (tools/inference.py writes it) before archiving")
+            name = f"row{k}{suffix}.npz"
+            if key == "ego_only" and src == r["eval"]["frames_file"]:
+                name = entry["eval"]["frames"]  # no fusion: its own evaluation has no collaborators to switch off
+            else:
+                shutil.copyfile(src, tmp / name)
+            entry[key] = {"ap": ev["ap"], "ap_ci": ev.get("ap_ci"), "frames": name,
+                          "bytes_per_message": ev.get("bytes_per_message"),
+                          "recall_by_visibility": ev.get("recall_by_visibility")}
+        entries.append(entry)
+    doc = {"version": ARCHIVE_VERSION, "seed": int(seed), **(meta or {}),
+           "commit": (meta or {}).get("commit") or _git_commit(Path(__file__).resolve().parents[1]),
+           "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "rows": entries}
+    (tmp / "rows.json").write_text(json.dumps(doc, indent=2))
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder
+
+
+@dataclass
+class SeedArchive:
+    """One training seed's main-table rows, read from an archive folder."""
+
+    folder: Path
+    seed: int
+    meta: dict
+    rows: List[dict]
+
+    def row(self, method: str) -> Optional[dict]:
+        return next((r for r in self.rows if r["method"] == method), None)
+
+    def records(self, row: dict, key: str = "eval") -> FrameRecords:
+        return FrameRecords.load(self.folder / row[key]["frames"])
+
+
+def load_archive(folder) -> SeedArchive:
+    """Read ``folder/rows.json``; errors name the file and the field."""
+    path = Path(folder) / "rows.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no seed archive here (written by the main job in <out>/seeds/seed<s>/ "
+                                "or by tools/seed_report.py archive)")
+    try:
+        doc = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a JSON seed archive ({exc})") from exc
+    for field in ("version", "seed", "rows"):
+        if field not in doc:
+            raise ValueError(f"{path}: missing field {field!r}")
+    if doc["version"] != ARCHIVE_VERSION:
+        raise ValueError(f"{path}: field 'version' is {doc['version']!r}; this code reads version {ARCHIVE_VERSION}")
+    for k, r in enumerate(doc["rows"]):
+        for field in ("method", "eval", "ego_only"):
+            if field not in r:
+                raise ValueError(f"{path}: rows[{k}] has no field {field!r}")
+    meta = {k: v for k, v in doc.items() if k not in ("rows", "seed")}
+    return SeedArchive(Path(folder), int(doc["seed"]), meta, doc["rows"])
+
+
+def load_archives(folders: Sequence) -> List[SeedArchive]:
+    """Archives sorted by seed; they must be the same experiment: same profile, data seed and test
+    frames, and no seed twice."""
+    archives = sorted((load_archive(f) for f in folders), key=lambda a: a.seed)
+    if not archives:
+        raise ValueError("no seed archives given")
+    first = archives[0]
+    frames0 = set(first.records(first.rows[0]).frames.tolist())
+    for prev, a in zip(archives, archives[1:]):
+        if a.seed == prev.seed:
+            raise ValueError(f"seed {a.seed} twice: {prev.folder} and {a.folder}")
+        for field in ("profile", "data_seed"):
+            if a.meta.get(field) != first.meta.get(field):
+                raise ValueError(f"{a.folder / 'rows.json'}: field {field!r} is {a.meta.get(field)!r}, but "
+                                 f"{first.folder / 'rows.json'} has {first.meta.get(field)!r}: not the same experiment")
+        frames = set(a.records(a.rows[0]).frames.tolist())
+        if frames != frames0:
+            raise ValueError(f"{a.folder}: its test frames differ from {first.folder}'s "
+                             f"({len(frames)} vs {len(frames0)} frames): not the same test split")
+    return archives
+
+
+def _methods(archives: Sequence[SeedArchive]) -> List[str]:
+    """Rows present in every archive, in the first archive's order."""
+    return [r["method"] for r in archives[0].rows if all(a.row(r["method"]) for a in archives)]
+
+
+def _mean_std(values: Sequence[float]) -> tuple:
+    v = np.asarray(values, dtype=float)
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+
+
+def spread_json(archives: Sequence[SeedArchive]) -> List[dict]:
+    """Per row: global AP of every seed, and mean / sample std over seeds per IoU threshold."""
+    out = []
+    for m in _methods(archives):
+        aps = {str(a.seed): a.row(m)["eval"]["ap"]["global"] for a in archives}
+        entry = {"method": m, "seeds": aps}
+        for t in THRESHOLDS:
+            mean, std = _mean_std([ap[t] for ap in aps.values()])
+            entry[t] = {"mean": mean, "std": std}
+        out.append(entry)
+    return out
+
+
+def _cell(diff: float, lo: float, hi: float, bold: bool) -> str:
+    text = f"{diff:+.3f} [{lo:+.2f}, {hi:+.2f}]"
+    return f"**{text}**" if bold else text
+
+
+def _paired(archives, a_rows, b_rows, a_key="eval", b_key="eval", resamples=1000):
+    """Per seed and pooled paired differences of rows a minus rows b (global order)."""
+    pairs = [(arc.records(ra, a_key), arc.records(rb, b_key)) for arc, ra, rb in zip(archives, a_rows, b_rows)]
+    per_seed = [paired_difference(a, b, resamples) for a, b in pairs]
+    return per_seed, pooled_paired_difference(pairs, resamples)
+
+
+def seed_section(archives: Sequence[SeedArchive], resamples: int = 1000) -> List[str]:
+    """Markdown: the spread over training seeds, paired differences against GenComm per seed and pooled,
+    what cooperation adds, and which claims hold in every seed."""
+    seeds = [a.seed for a in archives]
+    methods = _methods(archives)
+    meta = archives[0].meta
+    lines = ["## Run-to-run spread over training seeds", "",
+             f"Training seeds {', '.join(map(str, seeds))}: every row trained from scratch once per seed on the same "
+             f"data (profile `{meta.get('profile', '?')}`, data seed {meta.get('data_seed', '?')}, "
+             f"{archives[0].records(archives[0].rows[0]).num_frames} test frames of "
+             f"{archives[0].records(archives[0].rows[0]).num_scenes} scenes). Per-seed archives: "
+             + ", ".join(f"`{a.folder}` (commit {str(a.meta.get('commit') or '?')[:7]})" for a in archives) + ".", "",
+             "| method | " + " | ".join(f"AP@{t} mean ± std" for t in THRESHOLDS) + " | AP@0.5 per seed |",
+             "|---|---|---|---|---|"]
+    for e in spread_json(archives):
+        cells = [f"{e[t]['mean']:.3f} ± {e[t]['std']:.3f}" for t in THRESHOLDS]
+        lines.append(f"| {e['method']} | " + " | ".join(cells) + " | "
+                     + ", ".join(f"{e['seeds'][str(s)]['0.5']:.3f}" for s in seeds) + " |")
+    ref = next((m for m in methods if REFERENCE in m), None)
+    verdicts: Dict[str, List[str]] = {"every": [], "pooled": [], "no": []}
+    if ref is not None:
+        lines += ["", f"Each row's AP minus {ref}'s on the same test frames (global order). Cells: the mean over "
+                  "seeds with its 95% interval (the same scene draws for every seed and both rows, so it covers "
+                  "the test scenes, not the seeds), then the per-seed differences; * marks a seed whose own paired "
+                  "interval excludes 0. **Bold**: the pooled interval excludes 0.", "",
+                  "| method | " + " | ".join(f"AP@{t}" for t in THRESHOLDS) + " |", "|---|---|---|---|"]
+        for m in methods:
+            if m == ref:
+                continue
+            per_seed, pooled = _paired(archives, [a.row(m) for a in archives], [a.row(ref) for a in archives],
+                                       resamples=resamples)
+            cells = []
+            for k, t in enumerate(THRESHOLDS):
+                d, lo, hi = pooled.diff["global"][k], pooled.lo["global"][k], pooled.hi["global"][k]
+                sig = bool(pooled.significant("global")[k])
+                seeds_txt = ", ".join(f"{p.diff['global'][k]:+.3f}" + ("*" if p.significant("global")[k] else "")
+                                      for p in per_seed)
+                cells.append(_cell(d, lo, hi, sig) + f"; {seeds_txt}")
+                every = all(p.significant("global")[k] and np.sign(p.diff["global"][k]) == np.sign(d)
+                            for p in per_seed)
+                claim = f"{m} {'above' if d > 0 else 'below'} {ref.split(' (')[0]} at AP@{t}"
+                verdicts["every" if every else "pooled" if sig else "no"].append(claim)
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += ["", "What cooperation adds: each row's AP minus the same weights' AP with the collaborators off "
+              "(paired on the same frames; cells as above):", "",
+              "| method | " + " | ".join(f"AP@{t}" for t in THRESHOLDS) + " |", "|---|---|---|---|"]
+    for m in methods:
+        rows = [a.row(m) for a in archives]
+        if all(r["eval"]["frames"] == r["ego_only"]["frames"] for r in rows):
+            continue  # no fusion: its own ego-only evaluation
+        per_seed, pooled = _paired(archives, rows, rows, "eval", "ego_only", resamples)
+        cells = [_cell(pooled.diff["global"][k], pooled.lo["global"][k], pooled.hi["global"][k],
+                       bool(pooled.significant("global")[k])) + "; " + ", ".join(
+                     f"{p.diff['global'][k]:+.3f}" + ("*" if p.significant("global")[k] else "") for p in per_seed)
+                 for k in range(len(THRESHOLDS))]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    if ref is not None:
+        lines += ["", f"Against {ref.split(' (')[0]}, significant in every seed with the same sign: "
+                  + ("; ".join(verdicts["every"]) or "none") + ".",
+                  "Significant only pooled over seeds: " + ("; ".join(verdicts["pooled"]) or "none") + ".",
+                  "Not significant pooled: " + ("; ".join(verdicts["no"]) or "none") + "."]
+    return lines + [""]
+
+
+def main(argv=None) -> int:
+    """``seed_report.py archive RESULTS_JSON -o DIR`` | ``seed_report.py report ARCHIVE... [-o FILE]``."""
+    import argparse
+    p = argparse.ArgumentParser(prog="seed_report.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("archive", help="archive the main-table rows of a main job's results.json")
+    a.add_argument("results", type=Path, help="results.json written by tools/reproduce.py")
+    a.add_argument("-o", "--out", type=Path, required=True, help="folder that receives seed<s>/")
+    a.add_argument("--seed", type=int, default=None, help="the training seed (default: results.json's first)")
+    r = sub.add_parser("report", help="the spread section from archive folders (seed<s>/)")
+    r.add_argument("archives", nargs="+", type=Path)
+    r.add_argument("-o", "--out", type=Path, default=None, help="also write the markdown here")
+    r.add_argument("--json", type=Path, default=None, help="also write per-row AP per seed, mean and std")
+    r.add_argument("--resamples", type=int, default=1000)
+    args = p.parse_args(argv)
+    if args.cmd == "archive":
+        if not args.results.is_file():
+            raise SystemExit(f"{args.results}: no such file")
+        res = json.loads(args.results.read_text())
+        for field in ("rows", "training_seeds", "profile", "seed"):
+            if field not in res:
+                raise SystemExit(f"{args.results}: missing field {field!r}")
+        seed = res["training_seeds"][0] if args.seed is None else args.seed
+        try:
+            folder = archive_seed(res["rows"], seed, args.out,
+                                  {"profile": res["profile"], "data_seed": res["seed"], "from": str(args.results)})
+        except (OSError, KeyError) as exc:
+            raise SystemExit(f"seed_report: {args.results}: {exc}") from None
+        print(f"archived seed {seed}: {folder}")
+        return 0
+    try:
+        archives = load_archives(args.archives)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"seed_report: {exc}") from None
+    text = "\n".join(seed_section(archives, args.resamples))
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps(spread_json(archives), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

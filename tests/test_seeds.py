@@ -1,0 +1,179 @@
+"""Seed archives of the main table (gencomm.seeds) and the pooled paired difference behind them:
+a closed-form pooled interval, archive round trip, the spread and verdicts, and errors that name
+the file and the field."""
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+from gencomm.seeds import archive_seed, load_archive, load_archives, main, seed_section, spread_json
+from opencood_ext.eval.bootstrap import FrameRecords, paired_difference, pooled_paired_difference
+
+SCENES, FRAMES = 10, 2
+
+
+def _records(hits):
+    """One GT car per frame; a hit scene detects it exactly in every frame, a miss scene detects nothing:
+    AP (both orders, every IoU) = hit scenes drawn / scenes drawn."""
+    out = []
+    for s in range(SCENES):
+        for f in range(FRAMES):
+            gt = np.array([[5.0 * f, 3.0, 0.0, 4.0, 1.8, 1.5, 0.0]])
+            pred, score = (gt, np.array([0.9])) if s in hits else (np.zeros((0, 7)), np.zeros(0))
+            out.append((pred, score, gt, f"scene{s}", f"scene{s}/{f:06d}"))
+    return FrameRecords.from_detections(out)
+
+
+def test_pooled_difference_closed_form():
+    # seed A: 6 vs 4 hit scenes (the difference is scenes 4 and 5); seed B: 6 vs 6 (no difference).
+    # Pooled over both seeds, a resample's difference is (draws of scenes 4, 5) / 10 / 2: Binomial(10, 0.2) / 20.
+    a = _records(set(range(6)))
+    pairs = [(a, _records(set(range(4)))), (a, _records(set(range(6))))]
+    pooled = pooled_paired_difference(pairs, resamples=4000, seed=3)
+    np.testing.assert_allclose(pooled.diff["global"], [0.1, 0.1, 0.1])
+    cdf = np.cumsum([math.comb(10, k) * 0.2 ** k * 0.8 ** (10 - k) for k in range(11)])
+    lo, hi = np.searchsorted(cdf, 0.025) / 20, np.searchsorted(cdf, 0.975) / 20
+    assert (lo, hi) == (0.0, 0.25)
+    np.testing.assert_allclose(pooled.lo["global"], lo)
+    np.testing.assert_allclose(pooled.hi["global"], hi)
+    assert not pooled.significant("global").any()  # scene draws with neither scene 4 nor 5 give 0
+    # one pair pooled is exactly that pair's paired difference (same draws)
+    one = pooled_paired_difference(pairs[:1], resamples=500, seed=2)
+    ref = paired_difference(*pairs[0], resamples=500, seed=2)
+    for o in ("global", "per_frame"):
+        np.testing.assert_array_equal(one.diff[o], ref.diff[o])
+        np.testing.assert_array_equal(one.lo[o], ref.lo[o])
+        np.testing.assert_array_equal(one.hi[o], ref.hi[o])
+
+
+def test_pooled_difference_pairs_frames_in_any_order():
+    a, b = _records(set(range(7))), _records(set(range(3)))
+    idx = np.random.default_rng(0).permutation(a.num_frames)
+    reordered = FrameRecords(b.thresholds, *_reorder(b, idx))
+    x = pooled_paired_difference([(a, b)], resamples=300, seed=1)
+    y = pooled_paired_difference([(a, reordered)], resamples=300, seed=1)
+    np.testing.assert_array_equal(x.lo["global"], y.lo["global"])
+    with pytest.raises(ValueError, match="no pairs"):
+        pooled_paired_difference([])
+
+
+def _reorder(rec, idx):
+    starts, lengths = rec.offsets[idx], np.diff(rec.offsets)[idx]
+    take = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)]).astype(np.int64)
+    return (rec.scores[take], rec.tp[:, take], np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            rec.num_gt[idx], rec.scenes[idx], rec.frames[idx])
+
+
+def _rows(tmp, seed, hits):
+    """Main-table rows as results.json holds them, each evaluation's frames file written to ``tmp``."""
+    rows = []
+    for method, (on, off) in hits.items():
+        entry = {"method": method, "table": "main", "trainable_params": 7, "train_wall_s": 1.0}
+        for key, h in (("eval", on), ("ego_only", off)):
+            rec = _records(set(range(h)))
+            path = rec.save(tmp / f"s{seed}_{method[:4]}_{key}.npz")
+            ap = {t: h / SCENES for t in ("0.3", "0.5", "0.7")}
+            entry[key] = {"ap": {"global": ap, "per_frame": ap}, "frames_file": str(path), "bytes_per_message": 9}
+        if method == "No fusion":
+            entry["ego_only"] = entry["eval"]  # as the main job records it: one evaluation
+        rows.append(entry)
+    return rows + [{"method": "BackAlign (m3 onboarded)", "table": "heterogeneous"}]  # not archived
+
+
+HITS = {0: {"No fusion": (5, 5), "Late fusion": (10, 4), "GenComm (m3 onboarded)": (7, 5)},
+        1: {"No fusion": (4, 4), "Late fusion": (10, 4), "GenComm (m3 onboarded)": (7, 3)},
+        2: {"No fusion": (5, 5), "Late fusion": (9, 5), "GenComm (m3 onboarded)": (6, 5)}}
+
+
+def _archives(tmp_path, seeds=(0, 1, 2), meta=None):
+    for s in seeds:
+        archive_seed(_rows(tmp_path, s, HITS[s]), s, tmp_path / "seeds",
+                     meta or {"profile": "default", "data_seed": 0})
+    return [tmp_path / "seeds" / f"seed{s}" for s in seeds]
+
+
+def test_archive_round_trip_and_spread(tmp_path):
+    folders = _archives(tmp_path)
+    a = load_archive(folders[1])
+    assert a.seed == 1 and [r["method"] for r in a.rows] == ["No fusion", "Late fusion", "GenComm (m3 onboarded)"]
+    assert a.meta["profile"] == "default" and a.meta["data_seed"] == 0
+    assert a.records(a.row("Late fusion")).num_frames == SCENES * FRAMES
+    # the archive holds copies: deleting the run's files does not lose it
+    for f in tmp_path.glob("s*_*.npz"):
+        f.unlink()
+    spread = {e["method"]: e for e in spread_json(load_archives(reversed(folders)))}
+    late = spread["Late fusion"]
+    assert list(late["seeds"]) == ["0", "1", "2"]
+    assert late["0.5"]["mean"] == pytest.approx((1.0 + 1.0 + 0.9) / 3)
+    assert late["0.5"]["std"] == pytest.approx(np.std([1.0, 1.0, 0.9], ddof=1))
+    assert a.row("No fusion")["ego_only"]["frames"] == "row0.npz"  # one evaluation, stored once
+
+
+def test_seed_section_verdicts(tmp_path):
+    text = "\n".join(seed_section(load_archives(_archives(tmp_path)), resamples=300))
+    assert "Training seeds 0, 1, 2" in text and "20 test frames of 10 scenes" in text
+    assert "| Late fusion | 0.967 ± 0.058 | 0.967 ± 0.058 | 0.967 ± 0.058 | 1.000, 1.000, 0.900 |" in text
+    # Late beats GenComm by 3 scenes in every seed; No fusion trails by 1-3 scenes, not significantly every time
+    late = next(ln for ln in text.splitlines() if ln.startswith("| Late fusion | **+0.3"))
+    assert late.count("+0.300*") == 9
+    verdict = next(ln for ln in text.splitlines() if ln.startswith("Against GenComm, significant in every seed"))
+    assert "Late fusion above GenComm at AP@0.5" in verdict
+    assert "No fusion" not in verdict
+    # what cooperation adds: GenComm with its collaborators off loses 2, 4, 1 scenes
+    coop = next(ln for ln in text.splitlines() if ln.startswith("| GenComm (m3 onboarded) | **+0.233"))
+    assert "+0.200, +0.400*, +0.100" in coop  # 2 of 10 scenes: 0.8**10 = 11% of draws miss both
+    assert "| No fusion |" not in text.split("What cooperation adds")[1]  # no fusion has nothing to switch off
+    assert "Not significant pooled: No fusion below GenComm at AP@0.3" in text
+
+
+def test_archives_of_different_experiments_are_refused(tmp_path):
+    folders = _archives(tmp_path, seeds=(0, 1))
+    other = _archives(tmp_path / "x", seeds=(2,), meta={"profile": "default", "data_seed": 5})
+    with pytest.raises(ValueError, match=r"seed2/rows.json: field 'data_seed' is 5"):
+        load_archives([*folders, *other])
+    twice = tmp_path / "copy"
+    shutil.copytree(folders[1], twice)
+    with pytest.raises(ValueError, match="seed 1 twice"):
+        load_archives([*folders, twice])
+    bad = folders[0] / "rows.json"
+    doc = json.loads(bad.read_text())
+    del doc["rows"][1]["ego_only"]
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"seed0/rows.json: rows\[1\] has no field 'ego_only'"):
+        load_archive(folders[0])
+    with pytest.raises(FileNotFoundError, match="no seed archive"):
+        load_archive(tmp_path)
+
+
+def test_archiving_a_row_without_records_fails_and_leaves_nothing(tmp_path):
+    rows = _rows(tmp_path, 0, HITS[0])
+    rows[1]["ego_only"]["frames_file"] = str(tmp_path / "gone.npz")
+    with pytest.raises(FileNotFoundError, match="'Late fusion': ego_only.frames_file"):
+        archive_seed(rows, 0, tmp_path / "seeds")
+    assert not (tmp_path / "seeds" / "seed0").exists() and not (tmp_path / "seeds" / "seed0.tmp").exists()
+
+
+def test_cli_archive_then_report(tmp_path, capsys):
+    for s in (0, 1):
+        res = {"profile": "default", "seed": 0, "training_seeds": [s], "rows": _rows(tmp_path, s, HITS[s])}
+        (tmp_path / f"results{s}.json").write_text(json.dumps(res))
+        assert main(["archive", str(tmp_path / f"results{s}.json"), "-o", str(tmp_path / "arch")]) == 0
+    assert main(["report", str(tmp_path / "arch" / "seed0"), str(tmp_path / "arch" / "seed1"),
+                 "-o", str(tmp_path / "spread.md"), "--json", str(tmp_path / "spread.json"), "--resamples", "200"]) == 0
+    assert "## Run-to-run spread over training seeds" in (tmp_path / "spread.md").read_text()
+    assert json.loads((tmp_path / "spread.json").read_text())[0]["method"] == "No fusion"
+    with pytest.raises(SystemExit, match="seed_report: .*no seed archive here"):
+        main(["report", str(tmp_path)])
+    with pytest.raises(SystemExit, match="missing field 'training_seeds'"):
+        (tmp_path / "bad.json").write_text(json.dumps({"rows": []}))
+        main(["archive", str(tmp_path / "bad.json"), "-o", str(tmp_path / "arch")])
+
+
+def test_main_job_spread_covers_earlier_invocations_of_the_same_experiment(tmp_path):
+    from gencomm.reproduce import seed_archives
+    _archives(tmp_path, seeds=(0, 2))
+    archive_seed(_rows(tmp_path, 1, HITS[1]), 1, tmp_path / "seeds", {"profile": "quick", "data_seed": 0})
+    assert [p.name for p in seed_archives(tmp_path, "default", 0)] == ["seed0", "seed2"]
+    assert seed_archives(tmp_path, "default", 1) == []
