@@ -234,12 +234,32 @@ def seed_section(archives: Sequence[SeedArchive], resamples: int = 1000) -> List
                      f"{p.diff['global'][k]:+.3f}" + ("*" if p.significant("global")[k] else "") for p in per_seed)
                  for k in range(len(THRESHOLDS))]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += _collaborator_only_recall(archives, methods)
     if ref is not None:
         lines += ["", f"Against {ref.split(' (')[0]}, significant in every seed with the same sign: "
                   + ("; ".join(verdicts["every"]) or "none") + ".",
                   "Significant only pooled over seeds: " + ("; ".join(verdicts["pooled"]) or "none") + ".",
                   "Not significant pooled: " + ("; ".join(verdicts["no"]) or "none") + "."]
     return lines + [""]
+
+
+def _collaborator_only_recall(archives: Sequence[SeedArchive], methods: Sequence[str]) -> List[str]:
+    """Recall@0.5 of the test objects only a collaborator sees, per seed (when evaluated): what the
+    messages carry that the ego cannot see."""
+    rows = []
+    for m in methods:
+        cells = []
+        for a in archives:
+            v = ((a.row(m)["eval"].get("recall_by_visibility") or {}).get("collaborators_only") or {})
+            cells.append(None if v.get("recall") is None else f"{v['recall']:.3f} ({round(v['recall'] * v['gt'])} of "
+                                                             f"{v['gt']})")
+        if any(cells):
+            rows.append(f"| {m} | " + " | ".join(c or "-" for c in cells) + " |")
+    if not rows:
+        return []
+    return ["", "Recall@0.5 of the test objects only a collaborator sees (>= 5 of its LiDAR points, none of the "
+            "ego's), per seed:", "", "| method | " + " | ".join(f"seed {a.seed}" for a in archives) + " |",
+            "|---|" + "---|" * len(archives), *rows]
 
 
 def main(argv=None) -> int:

@@ -75,7 +75,8 @@ def _rows(tmp, seed, hits):
             rec = _records(set(range(h)))
             path = rec.save(tmp / f"s{seed}_{method[:4]}_{key}.npz")
             ap = {t: h / SCENES for t in ("0.3", "0.5", "0.7")}
-            entry[key] = {"ap": {"global": ap, "per_frame": ap}, "frames_file": str(path), "bytes_per_message": 9}
+            entry[key] = {"ap": {"global": ap, "per_frame": ap}, "frames_file": str(path), "bytes_per_message": 9,
+                          "recall_by_visibility": {"collaborators_only": {"gt": 10, "recall": h / 10}}}
         if method == "No fusion":
             entry["ego_only"] = entry["eval"]  # as the main job records it: one evaluation
         rows.append(entry)
@@ -124,8 +125,10 @@ def test_seed_section_verdicts(tmp_path):
     # what cooperation adds: GenComm with its collaborators off loses 2, 4, 1 scenes
     coop = next(ln for ln in text.splitlines() if ln.startswith("| GenComm (m3 onboarded) | **+0.233"))
     assert "+0.200, +0.400*, +0.100" in coop  # 2 of 10 scenes: 0.8**10 = 11% of draws miss both
-    assert "| No fusion |" not in text.split("What cooperation adds")[1]  # no fusion has nothing to switch off
+    coop_table = text.split("What cooperation adds")[1].split("Recall@0.5 of the test objects")[0]
+    assert "| No fusion |" not in coop_table  # no fusion has nothing to switch off
     assert "Not significant pooled: No fusion below GenComm at AP@0.3" in text
+    assert "| GenComm (m3 onboarded) | 0.700 (7 of 10) | 0.700 (7 of 10) | 0.600 (6 of 10) |" in text
 
 
 def test_archives_of_different_experiments_are_refused(tmp_path):
