@@ -35,7 +35,8 @@ REFERENCE = "GenComm"
 ARCHIVE_VERSION = 1
 
 
-def _git_commit(root: Path) -> Optional[str]:
+def git_commit(root: Path) -> Optional[str]:
+    """HEAD of the checkout at ``root``, None outside git."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
@@ -73,7 +74,8 @@ def archive_seed(rows: Sequence[dict], seed: int, dest: Path, meta: Optional[dic
                           "recall_by_visibility": ev.get("recall_by_visibility")}
         entries.append(entry)
     doc = {"version": ARCHIVE_VERSION, "seed": int(seed), **(meta or {}),
-           "commit": (meta or {}).get("commit") or _git_commit(Path(__file__).resolve().parents[1]),
+           # the code that trained the runs: the caller's when it knows it, else this checkout's
+           "commit": meta["commit"] if meta and "commit" in meta else git_commit(Path(__file__).resolve().parents[1]),
            "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "rows": entries}
     (tmp / "rows.json").write_text(json.dumps(doc, indent=2))
@@ -272,6 +274,9 @@ def main(argv=None) -> int:
     a.add_argument("results", type=Path, help="results.json written by tools/reproduce.py")
     a.add_argument("-o", "--out", type=Path, required=True, help="folder that receives seed<s>/")
     a.add_argument("--seed", type=int, default=None, help="the training seed (default: results.json's first)")
+    a.add_argument("--commit", default=None,
+                   help="the commit that trained the runs (default: results.json's 'commit'; without either the "
+                        "archive records none)")
     r = sub.add_parser("report", help="the spread section from archive folders (seed<s>/)")
     r.add_argument("archives", nargs="+", type=Path)
     r.add_argument("-o", "--out", type=Path, default=None, help="also write the markdown here")
@@ -288,7 +293,8 @@ def main(argv=None) -> int:
         seed = res["training_seeds"][0] if args.seed is None else args.seed
         try:
             folder = archive_seed(res["rows"], seed, args.out,
-                                  {"profile": res["profile"], "data_seed": res["seed"], "from": str(args.results)})
+                                  {"profile": res["profile"], "data_seed": res["seed"], "from": str(args.results),
+                                   "commit": args.commit or res.get("commit")})
         except (OSError, KeyError) as exc:
             raise SystemExit(f"seed_report: {args.results}: {exc}") from None
         print(f"archived seed {seed}: {folder}")

@@ -166,6 +166,13 @@ def test_cli_archive_then_report(tmp_path, capsys):
     assert main(["report", str(tmp_path / "arch" / "seed0"), str(tmp_path / "arch" / "seed1"),
                  "-o", str(tmp_path / "spread.md"), "--json", str(tmp_path / "spread.json"), "--resamples", "200"]) == 0
     assert "## Run-to-run spread over training seeds" in (tmp_path / "spread.md").read_text()
+    assert load_archive(tmp_path / "arch" / "seed0").meta["commit"] is None  # results.json names none: not guessed
+    res["commit"] = "abc1234"
+    (tmp_path / "results1.json").write_text(json.dumps(res))
+    main(["archive", str(tmp_path / "results1.json"), "-o", str(tmp_path / "arch")])
+    assert load_archive(tmp_path / "arch" / "seed1").meta["commit"] == "abc1234"
+    main(["archive", str(tmp_path / "results1.json"), "-o", str(tmp_path / "arch"), "--commit", "f1634c6"])
+    assert load_archive(tmp_path / "arch" / "seed1").meta["commit"] == "f1634c6"
     assert json.loads((tmp_path / "spread.json").read_text())[0]["method"] == "No fusion"
     with pytest.raises(SystemExit, match="seed_report: .*no seed archive here"):
         main(["report", str(tmp_path)])
