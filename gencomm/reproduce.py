@@ -265,16 +265,17 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     steps.run("simulate", simulate, data, profile, seed)
     per_seed = {}
     from .seeds import archive_seed, git_commit, load_archives, spread_json
+    commit = git_commit(ROOT)
     for k, s in enumerate(seeds):
         # seed 0's runs in runs/, another seed's in runs/seed<s> (so adding a seed later never resumes seed 0's)
         per_seed[s] = _one_seed(out, runs if s == 0 else runs / f"seed{s}", data, profile, s, steps,
                                 robustness=robustness and k == 0)
-        archive_seed([r for r in per_seed[s]["rows"] if r["table"] == "main"], s, out / "seeds",
-                     {"profile": profile_name, "data_seed": seed, "commit": git_commit(ROOT),
+        archive_seed(per_seed[s]["rows"], s, out / "seeds",  # it keeps the main table's rows
+                     {"profile": profile_name, "data_seed": seed, "commit": commit,
                       "command": " ".join(["tools/reproduce.py", *sys.argv[1:]])})
     first = per_seed[seeds[0]]
     results = {"profile": profile_name, "seed": seed, "training_seeds": seeds, "data": str(data),
-               "commit": git_commit(ROOT),
+               "commit": commit,
                "rows": first["rows"], "onboarding": first["onboarding"], "stage1_wall_s": first["stage1_wall_s"],
                "steps": steps.rows, "total_wall_s": time.time() - started}
     archives = seed_archives(out, profile_name, seed)  # this invocation's seeds and earlier ones'

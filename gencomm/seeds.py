@@ -180,17 +180,25 @@ def _paired(archives, a_rows, b_rows, a_key="eval", b_key="eval", resamples=1000
     return per_seed, pooled_paired_difference(pairs, resamples)
 
 
+def _paired_cells(per_seed, pooled) -> List[str]:
+    """One cell per threshold: the pooled difference [interval] (bold when it excludes 0), then each seed's
+    difference, starred when that seed's own interval excludes 0."""
+    return [_cell(pooled.diff["global"][k], pooled.lo["global"][k], pooled.hi["global"][k],
+                  bool(pooled.significant("global")[k])) + "; " + ", ".join(
+                f"{p.diff['global'][k]:+.3f}" + ("*" if p.significant("global")[k] else "") for p in per_seed)
+            for k in range(len(THRESHOLDS))]
+
+
 def seed_section(archives: Sequence[SeedArchive], resamples: int = 1000) -> List[str]:
     """Markdown: the spread over training seeds, paired differences against GenComm per seed and pooled,
     what cooperation adds, and which claims hold in every seed."""
     seeds = [a.seed for a in archives]
     methods = _methods(archives)
-    meta = archives[0].meta
+    meta, test = archives[0].meta, archives[0].records(archives[0].rows[0])
     lines = ["## Run-to-run spread over training seeds", "",
              f"Training seeds {', '.join(map(str, seeds))}: every row trained from scratch once per seed on the same "
              f"data (profile `{meta.get('profile', '?')}`, data seed {meta.get('data_seed', '?')}, "
-             f"{archives[0].records(archives[0].rows[0]).num_frames} test frames of "
-             f"{archives[0].records(archives[0].rows[0]).num_scenes} scenes). Per-seed archives: "
+             f"{test.num_frames} test frames of {test.num_scenes} scenes). Per-seed archives: "
              + ", ".join(f"`{a.folder}` (commit {str(a.meta.get('commit') or '?')[:7]})" for a in archives) + ".", "",
              "| method | " + " | ".join(f"AP@{t} mean ± std" for t in THRESHOLDS) + " | AP@0.5 per seed |",
              "|---|---|---|---|---|"]
@@ -211,18 +219,13 @@ def seed_section(archives: Sequence[SeedArchive], resamples: int = 1000) -> List
                 continue
             per_seed, pooled = _paired(archives, [a.row(m) for a in archives], [a.row(ref) for a in archives],
                                        resamples=resamples)
-            cells = []
             for k, t in enumerate(THRESHOLDS):
-                d, lo, hi = pooled.diff["global"][k], pooled.lo["global"][k], pooled.hi["global"][k]
-                sig = bool(pooled.significant("global")[k])
-                seeds_txt = ", ".join(f"{p.diff['global'][k]:+.3f}" + ("*" if p.significant("global")[k] else "")
-                                      for p in per_seed)
-                cells.append(_cell(d, lo, hi, sig) + f"; {seeds_txt}")
+                d, sig = pooled.diff["global"][k], bool(pooled.significant("global")[k])
                 every = all(p.significant("global")[k] and np.sign(p.diff["global"][k]) == np.sign(d)
                             for p in per_seed)
                 claim = f"{m} {'above' if d > 0 else 'below'} {ref.split(' (')[0]} at AP@{t}"
                 verdicts["every" if every else "pooled" if sig else "no"].append(claim)
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+            lines.append(f"| {m} | " + " | ".join(_paired_cells(per_seed, pooled)) + " |")
     lines += ["", "What cooperation adds: each row's AP minus the same weights' AP with the collaborators off "
               "(paired on the same frames; cells as above):", "",
               "| method | " + " | ".join(f"AP@{t}" for t in THRESHOLDS) + " |", "|---|---|---|---|"]
@@ -231,11 +234,7 @@ def seed_section(archives: Sequence[SeedArchive], resamples: int = 1000) -> List
         if all(r["eval"]["frames"] == r["ego_only"]["frames"] for r in rows):
             continue  # no fusion: its own ego-only evaluation
         per_seed, pooled = _paired(archives, rows, rows, "eval", "ego_only", resamples)
-        cells = [_cell(pooled.diff["global"][k], pooled.lo["global"][k], pooled.hi["global"][k],
-                       bool(pooled.significant("global")[k])) + "; " + ", ".join(
-                     f"{p.diff['global'][k]:+.3f}" + ("*" if p.significant("global")[k] else "") for p in per_seed)
-                 for k in range(len(THRESHOLDS))]
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append(f"| {m} | " + " | ".join(_paired_cells(per_seed, pooled)) + " |")
     lines += _collaborator_only_recall(archives, methods)
     if ref is not None:
         lines += ["", f"Against {ref.split(' (')[0]}, significant in every seed with the same sign: "
