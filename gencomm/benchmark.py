@@ -59,14 +59,16 @@ def _row(name: str, run: Path, dynamic: List[dict], note: str, **extra) -> dict:
 def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Callable[[List[str]], None],
                   python: str, overrides: Sequence[str], onboard_overrides: Sequence[str] = (),
                   onboard_epochs=None, methods=METHODS, types: Sequence[str] = TYPES,
-                  competitor_stage1: Optional[Dict[str, Path]] = None) -> List[dict]:
+                  competitor_stage1: Optional[Dict[str, Path]] = None,
+                  eval_overrides: Sequence[str] = ()) -> List[dict]:
     """Onboard and evaluate every method, then the stage-1 references; -> results rows.
 
     stage1: GenComm's stage-1 run per type; competitor_stage1: the full-feature stage-1 run per
     type the other methods start from (None: GenComm's; their run folders then lack the
     ``_own_stage1`` suffix, so the two protocols never share a folder). run_cmd: runs one command
     (raises on failure). overrides: ``--set`` items for every step (data root, quick-profile
-    caps); onboard_overrides: extra ones for onboarding only; types: the alliance in joining
+    caps); onboard_overrides: extra ones for onboarding only; eval_overrides: extra ones for
+    evaluation only (e.g. the separate test set's data root); types: the alliance in joining
     order, the ego's type first (run folders are named after the new types)."""
     types = list(types)
     if competitor_stage1 is not None and not set(types) <= set(competitor_stage1):
@@ -74,6 +76,7 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
     new = "".join(types[1:])
     configs = {method: stage2_config(family, method, types) for _, method in methods}  # all present before training
     sets = [a for item in overrides for a in ("--set", item)]
+    eval_sets = sets + [a for item in eval_overrides for a in ("--set", item)]
     order = ",".join(types)
     joined = ", ".join(types[1:])
     rows = []
@@ -87,7 +90,7 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
         if onboard_epochs is not None:
             cmd += ["--epochs", str(onboard_epochs)]
         run_cmd(cmd)
-        run_cmd([python, "tools/inference.py", "--model_dir", str(run), "--dynamic", order, *sets])
+        run_cmd([python, "tools/inference.py", "--model_dir", str(run), "--dynamic", order, *eval_sets])
         ob = json.loads((run / "onboarding.json").read_text())
         origin = "full-feature stage-1 runs" if own else "GenComm's stage-1 runs"
         rows.append(_row(f"{name} ({joined} onboarded)", run, _dynamic(run), f"stage 2 ({method}) from {origin}",
@@ -97,13 +100,13 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
                          stage1="full_feature" if own else "gencomm"))
     late = runs / ("late_of_stage1" if types == list(TYPES) else f"late_of_stage1_{''.join(types)}")
     run_cmd([python, "tools/inference.py", *[a for t in types for a in ("--late_of", f"{t}={stage1[t]}")],
-             "-o", str(late), "--dynamic", order, *sets])
+             "-o", str(late), "--dynamic", order, *eval_sets])
     rows.append(_row("Late fusion (stage-1 models)", late, _dynamic(late),
                      "each agent detects with its own stage-1 run; nothing trained", trainable_params=0,
                      train_wall_s=0.0))
     alone = runs / "none_of_stage1"
     run_cmd([python, "tools/inference.py", "--late_of", f"{types[0]}={stage1[types[0]]}", "-o", str(alone),
-             "--fusion_method", "none", "--dynamic", types[0], *sets])
+             "--fusion_method", "none", "--dynamic", types[0], *eval_sets])
     row = _row(f"No fusion ({types[0]} stage-1 model)", alone, _dynamic(alone), "the ego alone: the same AP for every "
                "alliance", trainable_params=0, train_wall_s=0.0)
     row["dynamic"] = [dict(row["dynamic"][0], types=types[:k + 1]) for k in range(len(types))]

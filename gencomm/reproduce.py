@@ -50,7 +50,12 @@ class Profile:
     split: train / validate / test shares of the scenarios; camera_size: (W, H) the simulator
     renders (the camera types resize it anyway); family: the config folder of the benchmark's
     stage-2 configs; benchmark: run the heterogeneous benchmark (step 6); competitor_stage1:
-    which stage-1 runs the benchmark's competitors start from (:mod:`gencomm.benchmark`)."""
+    which stage-1 runs the benchmark's competitors start from (:mod:`gencomm.benchmark`).
+
+    test_scenes: > 0 evaluates every row on a separate test set of that many scenes of
+    ``test_frames`` frames each (:func:`test_set_root`), not on the dataset's own test split. Frames
+    of one scene are nearly redundant, so many one-frame scenes narrow a scene-bootstrap interval
+    far more than the same number of frames in few scenes (docs/statistics.md)."""
 
     scenarios: int
     frames: int
@@ -64,19 +69,22 @@ class Profile:
     seeds: Tuple[int, ...] = (0,)
     benchmark_types: Tuple[str, ...] = ("m1", "m2", "m3", "m4")  # the benchmark's alliance, joining order
     competitor_stage1: str = "own"  # "own": full-feature stage-1 runs (the reference's); "gencomm": GenComm's
+    test_scenes: int = 0
+    test_frames: int = 1
 
 
 PROFILES = {
-    # many short scenarios: 24 train / 8 validate / 16 test scenes; frames of one scene are 0.1 s apart
-    # and nearly identical, so scene count, not frame count, is what narrows the test AP's interval
-    "default": Profile(scenarios=48, frames=6, split=(0.5, 0.1667, 0.3333)),
-    "quick": Profile(scenarios=4, frames=3, camera_size=(160, 120), onboard_epochs=1, overrides=[
+    # many short scenarios: 24 train / 8 validate scenes (16 test scenes the tables no longer use); frames of
+    # one scene are 0.1 s apart and nearly identical, so scene count, not frame count, is what narrows the
+    # test AP's interval: 230 one-frame test scenes give AP@0.5 half-widths of about 0.03 (README)
+    "default": Profile(scenarios=48, frames=6, split=(0.5, 0.1667, 0.3333), test_scenes=230),
+    "quick": Profile(scenarios=4, frames=3, camera_size=(160, 120), onboard_epochs=1, test_scenes=2, overrides=[
         "train.epochs=1", "train.max_steps_per_epoch=2", "train.max_val_batches=1", "train.num_workers=0",
         "eval.max_frames=3", "eval.plot_every=1"],
         robustness={"noise": "0,0.6", "latency": "0,3", "drop": "0,1"}),  # no level and the largest
     # one GPU: more and longer scenes, every method, three training seeds (each run's own configs' epochs)
     # (sized from the H200 step times of an earlier session; not yet timed end to end on a GPU)
-    "paper": Profile(scenarios=80, frames=6, split=(0.5, 0.1667, 0.3333),
+    "paper": Profile(scenarios=80, frames=6, split=(0.5, 0.1667, 0.3333), test_scenes=400,
                      overrides=["train.num_workers=4"], seeds=(0, 1, 2)),
 }
 
@@ -91,6 +99,10 @@ STAGE1 = {t: f"configs/sim/gencomm_stage1_{t}.yaml" for t in ("m1", "m3", "m2", 
 # the competitors' own stage 1 (full-feature intermediate fusion, homogeneous), as the reference runs them
 COMPETITOR_STAGE1 = {t: f"configs/sim/baseline_stage1_{t}.yaml" for t in ("m1", "m3", "m2", "m4")}
 STAGE2 = "configs/sim/stage2/gencomm_m1_m3.yaml"
+CAMERA_TYPES = ("m2", "m4")  # the LSS types of configs/sim/types: only they need camera images
+# The separate test set's simulator seed is the data seed plus this, so none of its scenes repeats a
+# scene of the dataset (scenario k's seed is SeedSequence([seed, k]), recorder.scenario_seed).
+TEST_SEED_OFFSET = 1_000_000
 
 
 def _run(cmd: List[str]) -> None:
@@ -111,6 +123,25 @@ def simulate(data: Path, profile: Profile, seed: int) -> None:
     _run([sys.executable, "tools/simulate.py", "-o", str(data), "--scenarios", str(profile.scenarios),
           "--frames", str(profile.frames), "--seed", str(seed), "--split-ratio", *map(str, profile.split),
           "--camera-size", f"{w}x{h}"])
+
+
+def test_set_root(data: Path) -> Path:
+    """Where the separate test set of dataset ``data`` goes: ``<data>_test`` beside it (its only split is test)."""
+    return data.with_name(data.name + "_test")
+
+
+def simulate_test_set(data: Path, profile: Profile, seed: int) -> Optional[Path]:
+    """Write the separate test set (``profile.test_scenes`` scenes, all in the test split; camera images
+    only when the benchmark has a camera type); None when the profile tests on the dataset's own split."""
+    if profile.test_scenes <= 0:
+        return None
+    root = test_set_root(data)
+    cameras = profile.benchmark and any(t in CAMERA_TYPES for t in profile.benchmark_types)
+    w, h = profile.camera_size
+    _run([sys.executable, "tools/simulate.py", "-o", str(root), "--scenarios", str(profile.test_scenes),
+          "--frames", str(profile.test_frames), "--seed", str(seed + TEST_SEED_OFFSET), "--split-ratio", "0", "0",
+          "1", *(["--camera-size", f"{w}x{h}"] if cameras else ["--no-cameras"])])
+    return root
 
 
 def train(config: str, run: Path, data: Path, profile: Profile) -> float:
@@ -170,19 +201,22 @@ class Steps:
 
 
 def _one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, steps: Steps,
-              robustness: bool) -> Dict:
-    """Train and evaluate every row for one training seed into ``runs``."""
+              robustness: bool, test_root: Optional[Path] = None) -> Dict:
+    """Train and evaluate every row for one training seed into ``runs``; evaluations read the test
+    split of ``test_root`` when given (the separate test set), else of ``data``."""
     if seed != 0:  # the configs' own seed is 0
         profile = dataclasses.replace(profile, overrides=[*profile.overrides, f"train.seed={seed}"])
+    eval_sets = [] if test_root is None else [f"data.root={test_root}"]
+    evaluation = dataclasses.replace(profile, overrides=[*profile.overrides, *eval_sets])  # what evaluations get
     rows: List[Dict] = []
     for method, config, fusion in BASELINES:
         run = runs / Path(config).stem
         wall = steps.run(f"train {run.name}", train, config, run, data, profile)
-        res = steps.run(f"evaluate {run.name}", evaluate_run, run, fusion, profile, method)
+        res = steps.run(f"evaluate {run.name}", evaluate_run, run, fusion, evaluation, method)
         rows.append({"method": method, "run": str(run), "eval": res, "train_wall_s": wall,
                      "trainable_params": count_trainable(run), "note": "retrained end to end",
                      "ego_only": steps.run(f"evaluate {run.name}, collaborators off", ego_only, run, fusion, res,
-                                           profile)})
+                                           evaluation)})
     stage1 = {}
     for t, config in STAGE1.items():
         if t not in ("m1", "m3") and not (profile.benchmark and t in profile.benchmark_types):
@@ -196,14 +230,14 @@ def _one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, st
         cmd += ["--epochs", str(profile.onboard_epochs)]
     steps.run("onboard m3 (GenComm)", _run, cmd)
     onboarding = json.loads((onboard_run / "onboarding.json").read_text())
-    res = steps.run("evaluate onboard_gencomm_m3", evaluate_run, onboard_run, "intermediate", profile, "GenComm")
+    res = steps.run("evaluate onboard_gencomm_m3", evaluate_run, onboard_run, "intermediate", evaluation, "GenComm")
     rows.append({"method": "GenComm (m3 onboarded)", "run": str(onboard_run), "eval": res,
-                 "ego_only": ego_only(onboard_run, "intermediate", res, profile),
+                 "ego_only": ego_only(onboard_run, "intermediate", res, evaluation),
                  "train_wall_s": onboarding["onboarding_wall_time_s"],
                  "trainable_params": onboarding["trainable_params_total"],
                  "note": f"stage 2 only; stage 1: m1 {stage1['m1']['wall']:.0f} s, m3 {stage1['m3']['wall']:.0f} s"})
     if robustness:
-        steps.run("robustness sweep", robustness_sweep, rows, out / "robustness", profile, seed)
+        steps.run("robustness sweep", robustness_sweep, rows, out / "robustness", evaluation, seed)
     for r in rows:
         r["table"] = "main"
     if profile.benchmark:
@@ -218,22 +252,31 @@ def _one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, st
         rows += steps.run("heterogeneous benchmark", run_benchmark, runs, {t: v["run"] for t, v in stage1.items()},
                           profile.family, _run, sys.executable, [f"data.root={data}", *profile.overrides],
                           onboard_epochs=profile.onboard_epochs, types=profile.benchmark_types,
-                          competitor_stage1=competitor)
+                          competitor_stage1=competitor, eval_overrides=eval_sets)
     return {"rows": rows, "onboarding": onboarding, "stage1_wall_s": {t: v["wall"] for t, v in stage1.items()}}
 
 
-def seed_archives(out: Path, profile_name: str, data_seed: int) -> List[Path]:
-    """The seed archives in ``out/seeds`` of this experiment (same profile and data seed), by seed;
-    archives of another experiment are left out with a warning."""
+def seed_archives(out: Path, profile_name: str, data_seed: int, like: Optional[Path] = None) -> List[Path]:
+    """The seed archives in ``out/seeds`` of this experiment (same profile and data seed and, when
+    ``like`` names an archive, the same test frames as it), by seed; archives of another experiment
+    (e.g. evaluated on an earlier test split) are left out with a warning."""
     from .seeds import load_archive
+    frames = None
+    if like is not None:
+        ref = load_archive(like)
+        frames = set(ref.records(ref.rows[0]).frames.tolist())
     keep = []
     for folder in sorted((out / "seeds").glob("seed*")):
         if not (folder / "rows.json").is_file():
             continue
-        meta = load_archive(folder).meta
+        archive = load_archive(folder)
+        meta = archive.meta
         if (meta.get("profile"), meta.get("data_seed")) != (profile_name, data_seed):
             log.warning("%s: profile %s, data seed %s, not this run's (%s, %s); left out of the seed spread",
                         folder, meta.get("profile"), meta.get("data_seed"), profile_name, data_seed)
+            continue
+        if frames is not None and set(archive.records(archive.rows[0]).frames.tolist()) != frames:
+            log.warning("%s: evaluated on other test frames than %s; left out of the seed spread", folder, like)
             continue
         keep.append(folder)
     return keep
@@ -263,22 +306,25 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     started = time.time()
     steps = Steps()
     steps.run("simulate", simulate, data, profile, seed)
+    test_root = steps.run("simulate the test set", simulate_test_set, data, profile, seed)
     per_seed = {}
     from .seeds import archive_seed, git_commit, load_archives, spread_json
     commit = git_commit(ROOT)
     for k, s in enumerate(seeds):
         # seed 0's runs in runs/, another seed's in runs/seed<s> (so adding a seed later never resumes seed 0's)
         per_seed[s] = _one_seed(out, runs if s == 0 else runs / f"seed{s}", data, profile, s, steps,
-                                robustness=robustness and k == 0)
+                                robustness=robustness and k == 0, test_root=test_root)
         archive_seed(per_seed[s]["rows"], s, out / "seeds",  # it keeps the main table's rows
                      {"profile": profile_name, "data_seed": seed, "commit": commit,
                       "command": " ".join(["tools/reproduce.py", *sys.argv[1:]])})
     first = per_seed[seeds[0]]
     results = {"profile": profile_name, "seed": seed, "training_seeds": seeds, "data": str(data),
+               "test_data": str(test_root or data),
                "commit": commit,
                "rows": first["rows"], "onboarding": first["onboarding"], "stage1_wall_s": first["stage1_wall_s"],
                "steps": steps.rows, "total_wall_s": time.time() - started}
-    archives = seed_archives(out, profile_name, seed)  # this invocation's seeds and earlier ones'
+    # this invocation's seeds and earlier ones evaluated on the same test frames
+    archives = seed_archives(out, profile_name, seed, like=out / "seeds" / f"seed{seeds[0]}")
     results["seed_archives"] = [str(a) for a in archives]
     if len(archives) > 1:
         results["seed_spread"] = spread_json(load_archives(archives))

@@ -139,3 +139,16 @@ def test_report_says_which_stage1_the_competitors_started_from(tmp_path):
         hetero_section(rows("full_feature"), tmp_path))
     assert "Every method starts from the same GenComm stage-1 runs" in "\n".join(
         hetero_section(rows("gencomm"), tmp_path))
+
+
+def test_evaluations_read_the_separate_test_set_and_onboarding_does_not(tmp_path):
+    gen = {"m1": tmp_path / "gencomm_stage1_m1", "m3": tmp_path / "gencomm_stage1_m3"}
+    log = []
+    run_benchmark(tmp_path, gen, "sim", _fake_tools(log), "python", ["data.root=/d"], types=("m1", "m3"),
+                  eval_overrides=["data.root=/d_test"])
+    onboard = [c for c in log if "tools/onboard.py" in c]
+    infer = [c for c in log if "tools/inference.py" in c]
+    assert len(onboard) == len(METHODS) and len(infer) == len(METHODS) + 2  # + late and no fusion of stage 1
+    assert all("data.root=/d" in c and "data.root=/d_test" not in c for c in onboard)
+    # the test set's root comes after the dataset's, so it wins (a later --set overrides an earlier one)
+    assert all([a for a in c if a.startswith("data.root=")] == ["data.root=/d", "data.root=/d_test"] for c in infer)

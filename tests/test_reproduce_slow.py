@@ -33,7 +33,13 @@ def test_quick_reproduction_end_to_end(tmp_path):
         "trainable_params"]
     assert 0 < hetero["CodeFilling"]["eval"]["bytes_per_message"] < hetero["STAMP"]["eval"]["bytes_per_message"]
     assert "## Heterogeneous benchmark" in report and (out / "hetero_costs.png").stat().st_size > 0
-    assert [st["step"] for st in results["steps"]][0] == "simulate"
+    assert [st["step"] for st in results["steps"]][:2] == ["simulate", "simulate the test set"]
+    # every table evaluates on the separate test set (the quick profile's 2 one-frame scenes), not data/test
+    test_root = Path(results["test_data"])
+    assert test_root == data.with_name(data.name + "_test") and sorted(p.name for p in test_root.iterdir()
+                                                                      if p.is_dir()) == [".gencomm_sim", "test"]
+    for r in [*rows.values(), *hetero.values()]:
+        assert (r["eval"]["num_scenes"], r["eval"]["frames"]) == (2, 2), r["method"]
     assert rows["No fusion"]["eval"]["bytes_per_message"] == 0
     gen = rows["GenComm (m3 onboarded)"]
     full = rows["Intermediate (full feature)"]

@@ -1,6 +1,7 @@
 """Seed archives of the main table (gencomm.seeds) and the pooled paired difference behind them:
 a closed-form pooled interval, archive round trip, the spread and verdicts, and errors that name
 the file and the field."""
+import dataclasses
 import json
 import math
 import shutil
@@ -187,3 +188,43 @@ def test_main_job_spread_covers_earlier_invocations_of_the_same_experiment(tmp_p
     archive_seed(_rows(tmp_path, 1, HITS[1]), 1, tmp_path / "seeds", {"profile": "quick", "data_seed": 0})
     assert [p.name for p in seed_archives(tmp_path, "default", 0)] == ["seed0", "seed2"]
     assert seed_archives(tmp_path, "default", 1) == []
+
+
+def test_main_job_spread_leaves_out_archives_of_another_test_split(tmp_path):
+    """A seed evaluated on an earlier test split (e.g. before the separate test set) stays out of the spread
+    instead of failing the invocation at its end."""
+    from gencomm.reproduce import seed_archives
+    _archives(tmp_path, seeds=(0, 2))
+    rows = _rows(tmp_path, 1, HITS[1])
+    for r in rows[:-1]:  # the same rows on a renamed test split
+        for key in ("eval", "ego_only"):
+            rec = FrameRecords.load(r[key]["frames_file"])
+            rec = dataclasses.replace(rec, frames=np.array([f"other/{f}" for f in rec.frames]))
+            r[key]["frames_file"] = str(rec.save(tmp_path / f"other_{r['method'][:4]}_{key}.npz"))
+    archive_seed(rows, 1, tmp_path / "seeds", {"profile": "default", "data_seed": 0})
+    seeds = tmp_path / "seeds"
+    assert [p.name for p in seed_archives(tmp_path, "default", 0, like=seeds / "seed2")] == ["seed0", "seed2"]
+    assert [p.name for p in seed_archives(tmp_path, "default", 0, like=seeds / "seed1")] == ["seed1"]
+    with pytest.raises(ValueError, match="test frames differ"):
+        load_archives(seed_archives(tmp_path, "default", 0))
+
+
+def test_separate_test_set_is_simulated_from_scenes_the_dataset_never_draws(tmp_path, monkeypatch):
+    from gencomm import reproduce
+    from opencood_ext.sim.recorder import scenario_seed
+    ran = []
+    monkeypatch.setattr(reproduce, "_run", ran.append)
+    lidar_pair = reproduce.dataclasses.replace(reproduce.PROFILES["default"], benchmark_types=("m1", "m3"))
+    root = reproduce.simulate_test_set(tmp_path / "sim", lidar_pair, seed=3)
+    assert root == tmp_path / "sim_test"
+    cmd = ran[-1]
+    arg = lambda k: cmd[cmd.index(k) + 1]  # noqa: E731
+    assert (arg("-o"), arg("--scenarios"), arg("--frames")) == (str(root), "230", "1")
+    assert cmd[cmd.index("--split-ratio") + 1:][:3] == ["0", "0", "1"] and "--no-cameras" in cmd
+    test_seed = int(arg("--seed"))
+    dataset = {scenario_seed(3, k) for k in range(lidar_pair.scenarios)}
+    assert not dataset & {scenario_seed(test_seed, k) for k in range(230)}
+    reproduce.simulate_test_set(tmp_path / "sim", reproduce.PROFILES["default"], seed=3)  # four types: cameras
+    assert "--no-cameras" not in ran[-1] and ran[-1][ran[-1].index("--camera-size") + 1] == "400x300"
+    no_split = reproduce.dataclasses.replace(lidar_pair, test_scenes=0)
+    assert reproduce.simulate_test_set(tmp_path / "sim", no_split, seed=3) is None and len(ran) == 2
