@@ -272,6 +272,15 @@ def seed_section(results: dict) -> list:
     return spread_section(load_archives(folders))
 
 
+def _test_split(results: dict) -> str:
+    """Which test split every AP is on (results.json's ``test_data``; older results: the dataset's)."""
+    test = results.get("test_data", results["data"])
+    if test == results["data"]:
+        return "AP on the dataset's test split."
+    return (f"AP on the separate test set `{test}` (its scenes are never in the training data; "
+            "docs/statistics.md).")
+
+
 def write_report(results: dict, out: Path) -> Path:
     rows = [r for r in results["rows"] if r.get("table", "main") == "main"]
     plot = plot_ap_vs_bytes(rows, out / "ap_vs_bytes.png")
@@ -280,7 +289,8 @@ def write_report(results: dict, out: Path) -> Path:
              f"this invocation took {results['total_wall_s'] / 60:.1f} min (a rerun skips finished training "
              f"and only re-evaluates); training itself took {_training_minutes(results):.0f} min on this machine.", "",
              "Ego m1 (PointPillars, 64-beam LiDAR); collaborators m3 (SECOND, 32-beam LiDAR) and other m1 "
-             "agents, assigned m1, m3, m1, ... by agent id. AP on the test split; IoU on BEV rotated boxes.", "",
+             "agents, assigned m1, m3, m1, ... by agent id. " + _test_split(results) + " IoU on BEV rotated boxes.",
+             "",
              "| method | AP@0.3 | AP@0.5 | AP@0.7 | AP@0.5 / 0.7 (per-frame order) | "
              "AP@0.3 / 0.5 / 0.7, same weights, collaborators off | bytes per message | "
              "trainable params | training wall time | note |",

@@ -44,6 +44,9 @@ def test_report_lists_rows_and_ego_only_column(tmp_path):
     assert "| GenComm (m3 onboarded) | 0.800 of 10 | 0.250 of 4 | - |" in report
     assert "| GenComm (m3 onboarded) | 9 of 14 | 0.650 | 0.33 | 0.31 m | 9.2 deg | 1.00 of 1 |" in report
     assert (tmp_path / "ap_vs_bytes.png").stat().st_size > 1000
+    assert "AP on the dataset's test split." in report  # results.json without test_data: an older run
+    results["test_data"] = "data/sim_test"
+    assert "AP on the separate test set `data/sim_test`" in write_report(results, tmp_path).read_text()
 
 
 def _hetero_row(name, ap5, params, nbytes):
