@@ -284,13 +284,15 @@ def seed_archives(out: Path, profile_name: str, data_seed: int, like: Optional[P
 
 def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 0,
               seeds: Optional[Sequence[int]] = None, benchmark: bool = True, robustness: bool = True,
-              benchmark_types: Optional[Sequence[str]] = None, competitor_stage1: Optional[str] = None) -> Path:
+              benchmark_types: Optional[Sequence[str]] = None, competitor_stage1: Optional[str] = None,
+              test_scenes: Optional[int] = None) -> Path:
     """The main job (module docstring). ``seed``: the data and channel seed; ``seeds``: training seeds
     (default: the profile's); every row is trained once per training seed (seed 0's runs in ``runs``,
     another seed's in ``runs/seed<s>``), the report shows the first seed's rows and the spread across seeds.
     Every seed leaves an archive in ``out/seeds/seed<s>`` (:mod:`gencomm.seeds`); the spread covers every
     archive there of this profile and data seed, so a seed added by a later invocation joins it.
-    ``robustness``: sweep the first seed's rows (step 5)."""
+    ``robustness``: sweep the first seed's rows (step 5). ``test_scenes``: size of the separate test set
+    (None: the profile's; 0: the dataset's own test split)."""
     profile = PROFILES[profile_name]
     if not benchmark:
         profile = dataclasses.replace(profile, benchmark=False)
@@ -300,6 +302,10 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
         if competitor_stage1 not in ("own", "gencomm"):
             raise ValueError(f"competitor_stage1 must be 'own' or 'gencomm', got {competitor_stage1!r}")
         profile = dataclasses.replace(profile, competitor_stage1=competitor_stage1)
+    if test_scenes is not None:
+        if test_scenes < 0:
+            raise ValueError(f"test_scenes must be >= 0, got {test_scenes}")
+        profile = dataclasses.replace(profile, test_scenes=test_scenes)
     seeds = list(seeds if seeds is not None else profile.seeds)
     out.mkdir(parents=True, exist_ok=True)
     runs = out / "runs"
