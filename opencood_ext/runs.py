@@ -39,13 +39,16 @@ def set_fusion(model: CooperativeDetector, method: str) -> None:
     model.set_fusion(FUSION_ALIASES.get(method, method))
 
 
-def late_fusion_of(runs: Dict[str, Path], ego_type: str) -> Tuple[ExperimentConfig, CooperativeDetector]:
+def late_fusion_of(runs: Dict[str, Path], ego_type: str,
+                   overrides: Sequence[str] = ()) -> Tuple[ExperimentConfig, CooperativeDetector]:
     """Late fusion of separately trained single-type runs (the stage-1 runs): one model holding every
     type's encoder stack, where each agent detects with its OWN run's head and sends its boxes, and
-    the ego (``ego_type``'s run) merges them. ``runs``: {agent type: run folder holding that type}."""
+    the ego (``ego_type``'s run) merges them. ``runs``: {agent type: run folder holding that type};
+    ``overrides``: ``--set`` items for the ego's config, which the joined experiment starts from
+    (e.g. ``data.root`` of another test set)."""
     if ego_type not in runs:
         raise ValueError(f"late fusion needs the ego type {ego_type}'s run; given {sorted(runs)}")
-    loaded = {t: load_run(r) for t, r in runs.items()}
+    loaded = {t: load_run(r, overrides if t == ego_type else ()) for t, r in runs.items()}
     for t, (cfg, _) in loaded.items():
         if list(cfg.model.get("agent_types", {})) != [t]:
             raise ValueError(f"{runs[t]}: expected a run of type {t} alone, it holds "

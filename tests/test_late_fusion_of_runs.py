@@ -67,3 +67,13 @@ def test_dynamic_evaluation_writes_each_alliance_with_the_newest_types_cost(stag
         assert (tmp_path / name).is_file()
     dyn = json.loads((tmp_path / "eval_dynamic.json").read_text())
     assert dyn[1]["ap_ci"]["global"].keys() == dyn[1]["ap"]["global"].keys()
+
+
+def test_overrides_reach_the_joined_experiment(stage1, tmp_path):
+    """``tools/inference.py --late_of ... --set data.root=...`` evaluates on that data (the main job's separate
+    test set); the members' own configs stay as they were trained."""
+    cfg, _ = late_fusion_of(stage1, "m1", [f"data.root={tmp_path}", "eval.max_frames=2"])
+    assert cfg.data.root == str(tmp_path) and cfg.eval.max_frames == 2
+    assert load_run(stage1["m3"])[0].data.root != str(tmp_path)
+    plain, _ = late_fusion_of(stage1, "m1")
+    assert plain.data.root == load_run(stage1["m1"])[0].data.root

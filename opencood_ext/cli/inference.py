@@ -90,7 +90,7 @@ def _run(args) -> int:
         pairs = [item.split("=", 1) for item in args.late_of]
         if any(len(pair) != 2 for pair in pairs):
             raise ValueError(f"--late_of takes TYPE=RUN, got {args.late_of}")
-        cfg, model = late_fusion_of({t: Path(r) for t, r in pairs}, pairs[0][0])
+        cfg, model = late_fusion_of({t: Path(r) for t, r in pairs}, pairs[0][0], args.overrides)
         args.model_dir = args.out
         args.model_dir.mkdir(parents=True, exist_ok=True)
     elif args.model_dir is None:
