@@ -261,10 +261,7 @@ def seed_archives(out: Path, profile_name: str, data_seed: int, like: Optional[P
     ``like`` names an archive, the same test frames as it), by seed; archives of another experiment
     (e.g. evaluated on an earlier test split) are left out with a warning."""
     from .seeds import load_archive
-    frames = None
-    if like is not None:
-        ref = load_archive(like)
-        frames = set(ref.records(ref.rows[0]).frames.tolist())
+    frames = None if like is None else load_archive(like).test_frames()
     keep = []
     for folder in sorted((out / "seeds").glob("seed*")):
         if not (folder / "rows.json").is_file():
@@ -275,7 +272,7 @@ def seed_archives(out: Path, profile_name: str, data_seed: int, like: Optional[P
             log.warning("%s: profile %s, data seed %s, not this run's (%s, %s); left out of the seed spread",
                         folder, meta.get("profile"), meta.get("data_seed"), profile_name, data_seed)
             continue
-        if frames is not None and set(archive.records(archive.rows[0]).frames.tolist()) != frames:
+        if frames is not None and archive.test_frames() != frames:
             log.warning("%s: evaluated on other test frames than %s; left out of the seed spread", folder, like)
             continue
         keep.append(folder)

@@ -99,6 +99,10 @@ class SeedArchive:
     def records(self, row: dict, key: str = "eval") -> FrameRecords:
         return FrameRecords.load(self.folder / row[key]["frames"])
 
+    def test_frames(self) -> set:
+        """The keys (``scene/timestamp``) of the test frames its rows were evaluated on."""
+        return set(self.records(self.rows[0]).frames.tolist())
+
 
 def load_archive(folder) -> SeedArchive:
     """Read ``folder/rows.json``; errors name the file and the field."""
@@ -130,7 +134,7 @@ def load_archives(folders: Sequence) -> List[SeedArchive]:
     if not archives:
         raise ValueError("no seed archives given")
     first = archives[0]
-    frames0 = set(first.records(first.rows[0]).frames.tolist())
+    frames0 = first.test_frames()
     for prev, a in zip(archives, archives[1:]):
         if a.seed == prev.seed:
             raise ValueError(f"seed {a.seed} twice: {prev.folder} and {a.folder}")
@@ -138,7 +142,7 @@ def load_archives(folders: Sequence) -> List[SeedArchive]:
             if a.meta.get(field) != first.meta.get(field):
                 raise ValueError(f"{a.folder / 'rows.json'}: field {field!r} is {a.meta.get(field)!r}, but "
                                  f"{first.folder / 'rows.json'} has {first.meta.get(field)!r}: not the same experiment")
-        frames = set(a.records(a.rows[0]).frames.tolist())
+        frames = a.test_frames()
         if frames != frames0:
             raise ValueError(f"{a.folder}: its test frames differ from {first.folder}'s "
                              f"({len(frames)} vs {len(frames0)} frames): not the same test split")
