@@ -9,7 +9,7 @@ import gencomm  # noqa: F401  (registers GenComm's link and onboarding)
 from gencomm.benchmark import METHODS, run_benchmark, stage2_config
 from opencood_ext.experiment import load_experiment
 
-ALLIANCES = [("m1", "m3"), ("m1", "m2", "m3", "m4")]
+ALLIANCES = [("m1", "m3"), ("m1", "m2"), ("m1", "m2", "m3", "m4")]
 
 
 @pytest.mark.parametrize("method", [m for _, m in METHODS])
@@ -26,11 +26,12 @@ def test_every_method_has_a_config_per_alliance(method, types):
 @pytest.mark.parametrize("method", [m for _, m in METHODS])
 def test_alliances_share_the_method_part(method):
     """Schedule and link come from one fragment (configs/sim/stage2/methods/), not per-alliance copies."""
-    small, full = (load_experiment(stage2_config("sim", method, t)) for t in ALLIANCES)
-    assert dataclasses.asdict(small.train) == dataclasses.asdict(full.train)
+    full, *smaller = (load_experiment(stage2_config("sim", method, t)) for t in reversed(ALLIANCES))
     strip = lambda link: {k: v for k, v in (link or {}).items() if k != "adapted_types"}  # noqa: E731
-    assert strip(small.model.get("link")) == strip(full.model.get("link"))
-    assert small.model.get("fusion") == full.model.get("fusion")
+    for small in smaller:
+        assert dataclasses.asdict(small.train) == dataclasses.asdict(full.train)
+        assert strip(small.model.get("link")) == strip(full.model.get("link"))
+        assert small.model.get("fusion") == full.model.get("fusion")
 
 
 def test_main_table_onboarding_is_the_benchmark_gencomm_run_on_the_lidar_pair():
@@ -40,9 +41,9 @@ def test_main_table_onboarding_is_the_benchmark_gencomm_run_on_the_lidar_pair():
 
 def test_missing_alliance_fails_before_any_command(tmp_path):
     ran = []
-    with pytest.raises(FileNotFoundError, match=r"gencomm_m1_m2\.yaml.*m1, m2"):
-        run_benchmark(tmp_path, {"m1": tmp_path, "m2": tmp_path}, "sim", ran.append, "python", [],
-                      types=("m1", "m2"))
+    with pytest.raises(FileNotFoundError, match=r"gencomm_m1_m4\.yaml.*m1, m4"):
+        run_benchmark(tmp_path, {"m1": tmp_path, "m4": tmp_path}, "sim", ran.append, "python", [],
+                      types=("m1", "m4"))
     assert ran == []
 
 
