@@ -14,6 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from opencood_ext.eval.bootstrap import FrameRecords, frames_path, paired_difference  # noqa: E402
+
 from .report import _ap, _differences, _fmt_bytes  # noqa: E402
 
 
@@ -70,6 +72,38 @@ def _origin(rows: List[dict]) -> str:
             "full features they send.")
 
 
+def _increment(r: dict, types: List[str]) -> str:
+    """AP@0.5 / AP@0.7 of the alliance ``types`` minus that of ``types[:-1]``, same run and test frames,
+    with the paired scene-bootstrap interval; '-' when the run has no evaluation of both alliances
+    (the no-fusion row is one evaluation for every alliance)."""
+    run = r.get("run")
+    paths = [frames_path(run, "dyn_" + "+".join(t)) for t in (types, types[:-1])] if run else []
+    if not paths or not all(p.is_file() for p in paths):
+        return "-"
+    boot = r["eval"].get("bootstrap") or {}
+    d = paired_difference(*(FrameRecords.load(p) for p in paths), boot.get("resamples", 1000), boot.get("seed", 0))
+    sig, cells = d.significant("global"), []
+    for k, t in enumerate(d.thresholds):
+        if round(float(t), 2) in (0.5, 0.7):
+            cell = f"{d.diff['global'][k]:+.3f} [{d.lo['global'][k]:+.2f}, {d.hi['global'][k]:+.2f}]"
+            cells.append(f"**{cell}**" if sig[k] else cell)
+    return " / ".join(cells)
+
+
+def increments_section(rows: List[dict], types: List[str]) -> List[str]:
+    """What each joining type adds to its method's alliance: paired differences between consecutive
+    alliances of the same run on the same test frames (does the new agent help at all?)."""
+    lines = ["", "## What each new type adds", "",
+             "AP@0.5 / AP@0.7 of the grown alliance minus the alliance before it: the same run on the same "
+             "test frames, so the 95% interval is paired (whole test scenes resampled with the same draws). "
+             "**Bold**: the interval excludes 0.", "",
+             "| method | " + " | ".join(f"+{t}" for t in types[1:]) + " |", "|---|" + "---|" * (len(types) - 1)]
+    for r in rows:
+        lines.append(f"| {r['method']} | " + " | ".join(_increment(r, types[:k + 1])
+                                                      for k in range(1, len(types))) + " |")
+    return lines
+
+
 def hetero_section(rows: List[dict], out: Path) -> List[str]:
     """The section's markdown lines ([] without benchmark rows)."""
     rows = [r for r in rows if r.get("table") == "heterogeneous"]
@@ -101,6 +135,7 @@ def hetero_section(rows: List[dict], out: Path) -> List[str]:
               "parameters per new type are those its onboarding trains (CodeFilling's quantiser is shared by all "
               "senders, so its total counts it once)."]
     lines += _differences(rows)
+    lines += increments_section(rows, types)
     plot = plot_costs(rows, out / "hetero_costs.png")
     lines += ["", f"![AP against trainable parameters and bytes]({plot.name})", ""]
     return lines

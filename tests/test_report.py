@@ -80,3 +80,24 @@ def test_report_heterogeneous_section_seed_spread_and_step_times(tmp_path):
     assert "| No fusion | 0.450 ± 0.071 | 0.450 ± 0.071 | 0.450 ± 0.071 | 0.500, 0.400 |" in report
     assert "| train m1_none | 9.0 |" in report and "| **total** | **10.0** |" in report
     assert (tmp_path / "hetero_costs.png").stat().st_size > 1000
+
+
+def test_report_says_what_each_new_type_adds_paired_on_the_same_run(tmp_path):
+    """The increment of +m2 is the same run's {m1, m2} evaluation minus its {m1} one on the same frames:
+    a closed form (every scene hit vs none: +1, interval [+1, +1], significant; equal records: 0, not)."""
+    from test_seeds import SCENES, _records
+    from gencomm.report_hetero import increments_section
+    helps, idle, alone = (tmp_path / name for name in ("helps", "idle", "alone"))
+    for run, before, after in ((helps, set(), set(range(SCENES))), (idle, {1, 2}, {1, 2})):
+        run.mkdir()
+        _records(before).save(run / "eval_dyn_m1_frames.npz")
+        _records(after).save(run / "eval_dyn_m1+m2_frames.npz")
+    alone.mkdir()
+    _records({1}).save(alone / "eval_dyn_m1_frames.npz")  # no fusion: one evaluation for every alliance
+    rows = [{"method": name, "run": str(run), "eval": {"bootstrap": {"resamples": 200, "seed": 1}}}
+            for name, run in (("GenComm", helps), ("STAMP", idle), ("No fusion", alone))]
+    text = "\n".join(increments_section(rows, ["m1", "m2"]))
+    assert "| method | +m2 |" in text
+    assert "| GenComm | **+1.000 [+1.00, +1.00]** / **+1.000 [+1.00, +1.00]** |" in text
+    assert "| STAMP | +0.000 [+0.00, +0.00] / +0.000 [+0.00, +0.00] |" in text
+    assert "| No fusion | - |" in text

@@ -29,7 +29,7 @@ def main(argv=None) -> int:
                    help="skip the robustness sweep (step 5), e.g. when adding a training seed to an earlier run")
     p.add_argument("--benchmark_types", default=None, metavar="m1,m3",
                    help="the benchmark's alliance in joining order, ego first (default m1,m2,m3,m4; m1,m3 is the "
-                        "LiDAR pair and needs no camera stage 1)")
+                        "LiDAR pair and needs no camera stage 1; m1,m2 the camera pair: one camera stage 1)")
     p.add_argument("--competitor_stage1", choices=["own", "gencomm"], default=None,
                    help="the stage-1 runs BackAlign, STAMP, MPDA and CodeFilling start from: 'own' (default: "
                         "full-feature homogeneous runs, as the reference code trains them) or 'gencomm' "
