@@ -152,3 +152,20 @@ def test_backend_neutral_entry_points(tmp_path):
     assert len(world.agents) == 3
     with pytest.raises(ValueError, match="split must be one of"):
         record_world(world, tmp_path, split="val")
+
+
+def test_camera_type_sample_builds_from_the_simulated_dataset_without_warnings(recorded):
+    """An m2 (LSS camera) training sample from the simulator's images: normalised image tensors of the
+    type's size, and no torch warning about read-only decoded images (it printed on every camera run)."""
+    import warnings
+    from opencood_ext.experiment import build_dataset, load_experiment
+    a, _, _ = recorded
+    cfg = load_experiment(REPO / "configs" / "sim" / "gencomm_stage1_m2.yaml", [f"data.root={a}"])
+    ds = build_dataset(cfg, "train", train=False, fusion="intermediate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sample = ds[0]
+    agent = sample.agents[0]
+    assert agent.agent_type == "m2"
+    assert agent.images.shape == (4, 3, 192, 256) and agent.images.dtype == np.float32
+    assert np.isfinite(agent.images).all() and agent.depth.shape == (4, 192, 256)

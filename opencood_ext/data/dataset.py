@@ -244,7 +244,8 @@ class CooperativeDataset(Dataset):
         H, W = spec.image_size
         images, Ks, exts, depths = [], [], [], []
         for cam in cams:
-            img = torch.from_numpy(np.ascontiguousarray(cam.image)).permute(2, 0, 1).float()[None] / 255.0
+            # a float32 copy: decoded or cached images may be read-only arrays, which torch warns about
+            img = torch.from_numpy(np.asarray(cam.image, dtype=np.float32)).permute(2, 0, 1)[None] / 255.0
             h0, w0 = img.shape[-2:]
             img = torch.nn.functional.interpolate(img, size=(H, W), mode="bilinear", align_corners=False)[0]
             img = (img.numpy().transpose(1, 2, 0) - IMAGE_MEAN) / IMAGE_STD
