@@ -81,7 +81,11 @@ def _increment(r: dict, types: List[str]) -> str:
     if not paths or not all(p.is_file() for p in paths):
         return "-"
     boot = r["eval"].get("bootstrap") or {}
-    d = paired_difference(*(FrameRecords.load(p) for p in paths), boot.get("resamples", 1000), boot.get("seed", 0))
+    try:
+        d = paired_difference(*(FrameRecords.load(p) for p in paths), boot.get("resamples", 1000),
+                              boot.get("seed", 0))
+    except ValueError as exc:  # the two alliances were evaluated on different frames
+        return f"not paired: {exc}"
     sig, cells = d.significant("global"), []
     for k, t in enumerate(d.thresholds):
         if round(float(t), 2) in (0.5, 0.7):

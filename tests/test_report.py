@@ -101,3 +101,18 @@ def test_report_says_what_each_new_type_adds_paired_on_the_same_run(tmp_path):
     assert "| GenComm | **+1.000 [+1.00, +1.00]** / **+1.000 [+1.00, +1.00]** |" in text
     assert "| STAMP | +0.000 [+0.00, +0.00] / +0.000 [+0.00, +0.00] |" in text
     assert "| No fusion | - |" in text
+
+
+def test_increment_of_alliances_on_different_frames_says_so(tmp_path):
+    from test_seeds import _records
+    from gencomm.report_hetero import increments_section
+    from opencood_ext.eval.bootstrap import FrameRecords
+    run = tmp_path / "run"
+    run.mkdir()
+    _records({1}).save(run / "eval_dyn_m1_frames.npz")
+    full = _records({1})
+    keep = full.offsets[:3]  # the first two frames only
+    FrameRecords(full.thresholds, full.scores[:keep[-1]], full.tp[:, :keep[-1]], keep, full.num_gt[:2],
+                 full.scenes[:2], full.frames[:2]).save(run / "eval_dyn_m1+m2_frames.npz")
+    text = "\n".join(increments_section([{"method": "GenComm", "run": str(run), "eval": {}}], ["m1", "m2"]))
+    assert "| GenComm | not paired: " in text
