@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2700)  # three invocations: about 13 min on an idle 2-core CPU, over the suite's 900 s when busy
 def test_quick_reproduction_end_to_end(tmp_path):
     out, data = tmp_path / "results", tmp_path / "data"
     proc = subprocess.run([sys.executable, "tools/reproduce.py", "--quick", "--out", str(out), "--data", str(data)],
