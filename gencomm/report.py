@@ -65,6 +65,13 @@ def _interval_note(rows) -> list:
             + (f"; the widest AP@0.5 half-width is {max(half):.3f}." if half else ".")]
 
 
+def _diff_cell(d, k: int) -> str:
+    """Threshold ``k`` of a paired difference (global order) as ``+0.012 [-0.01, +0.03]``, bold when
+    its interval excludes 0."""
+    cell = f"{d.diff['global'][k]:+.3f} [{d.lo['global'][k]:+.2f}, {d.hi['global'][k]:+.2f}]"
+    return f"**{cell}**" if d.significant("global")[k] else cell
+
+
 def _differences(rows, reference: str = "GenComm") -> list:
     """Paired differences ``AP(row) - AP(GenComm)`` on the same test frames (the rows'
     ``eval.frames_file``), global order, with their 95% intervals and which exclude 0."""
@@ -94,10 +101,8 @@ def _differences(rows, reference: str = "GenComm") -> list:
         except ValueError as exc:
             lines.append(f"| {r['method']} | - | - | - | not paired: {exc} |")
             continue
-        sig, cells = d.significant("global"), []
-        for k, t in enumerate(d.thresholds):
-            cell = f"{d.diff['global'][k]:+.3f} [{d.lo['global'][k]:+.2f}, {d.hi['global'][k]:+.2f}]"
-            cells.append(f"**{cell}**" if sig[k] else cell)
+        sig = d.significant("global")
+        cells = [_diff_cell(d, k) for k in range(len(d.thresholds))]
         named = [f"AP@{t}" for k, t in enumerate(d.thresholds) if sig[k]]
         for side in (True, False):
             which = [f"AP@{t}" for k, t in enumerate(d.thresholds) if sig[k] == side]

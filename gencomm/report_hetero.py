@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from opencood_ext.eval.bootstrap import FrameRecords, frames_path, paired_difference  # noqa: E402
 
-from .report import _ap, _differences, _fmt_bytes  # noqa: E402
+from .report import _ap, _diff_cell, _differences, _fmt_bytes  # noqa: E402
 
 
 TYPE_NAMES = {"m1": "PointPillars 64-beam", "m2": "LSS camera", "m3": "SECOND 32-beam",
@@ -86,12 +86,7 @@ def _increment(r: dict, types: List[str]) -> str:
                               boot.get("seed", 0))
     except ValueError as exc:  # the two alliances were evaluated on different frames
         return f"not paired: {exc}"
-    sig, cells = d.significant("global"), []
-    for k, t in enumerate(d.thresholds):
-        if round(float(t), 2) in (0.5, 0.7):
-            cell = f"{d.diff['global'][k]:+.3f} [{d.lo['global'][k]:+.2f}, {d.hi['global'][k]:+.2f}]"
-            cells.append(f"**{cell}**" if sig[k] else cell)
-    return " / ".join(cells)
+    return " / ".join(_diff_cell(d, k) for k, t in enumerate(d.thresholds) if round(float(t), 2) in (0.5, 0.7))
 
 
 def increments_section(rows: List[dict], types: List[str]) -> List[str]:
