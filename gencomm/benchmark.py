@@ -28,6 +28,8 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from opencood_ext.eval.dynamic import alliance_label
+
 TYPES = ("m1", "m2", "m3", "m4")
 # (row name, onboarding method)
 METHODS = [("GenComm", "gencomm"), ("BackAlign", "backalign"), ("STAMP", "stamp"), ("MPDA", "mpda"),
@@ -49,7 +51,7 @@ def _dynamic(run: Path) -> List[dict]:
 
 def _row(name: str, run: Path, dynamic: List[dict], note: str, **extra) -> dict:
     """A results.json row: ``eval`` is its last alliance's evaluation (ap, ap_ci, bytes, frames file)."""
-    full = json.loads((run / f"eval_dyn_{'+'.join(dynamic[-1]['types'])}.json").read_text())
+    full = json.loads((run / f"eval_{alliance_label(dynamic[-1]['types'])}.json").read_text())
     return {"method": name, "table": "heterogeneous", "run": str(run), "eval": full, "note": note,
             "dynamic": [{k: d[k] for k in ("types", "ap", "ap_ci", "bytes_per_message", "onboard_params",
                                              "onboard_gflops", "frames", "num_scenes") if k in d} for d in dynamic],

@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from opencood_ext.eval.bootstrap import FrameRecords, frames_path, paired_difference  # noqa: E402
+from opencood_ext.eval.dynamic import alliance_label  # noqa: E402
 
 from .report import _ap, _diff_cell, _differences, _fmt_bytes  # noqa: E402
 
@@ -77,7 +78,7 @@ def _increment(r: dict, types: List[str]) -> str:
     with the paired scene-bootstrap interval; '-' when the run has no evaluation of both alliances
     (the no-fusion row is one evaluation for every alliance)."""
     run = r.get("run")
-    paths = [frames_path(run, "dyn_" + "+".join(t)) for t in (types, types[:-1])] if run else []
+    paths = [frames_path(run, alliance_label(t)) for t in (types, types[:-1])] if run else []
     if not paths or not all(p.is_file() for p in paths):
         return "-"
     boot = r["eval"].get("bootstrap") or {}

@@ -23,6 +23,14 @@ from ..data.batch import collate_samples
 from ..methods.base import ONBOARDING
 
 
+def alliance_label(types: Sequence[str]) -> str:
+    """The evaluation label of the alliance ``types`` (ego first): ``dyn_m1+m2``, whose files are
+    ``eval_dyn_m1+m2.json`` and ``eval_dyn_m1+m2_frames.npz`` in the run folder."""
+    if not types:
+        raise ValueError("an alliance has at least the ego's type")
+    return "dyn_" + "+".join(types)
+
+
 @dataclass
 class DynamicRow:
     types: List[str]
@@ -63,7 +71,7 @@ def run_dynamic(cfg: ExperimentConfig, model, order: Sequence[str], split: str,
         sub.data.agent_types = {t: cfg.data.agent_types[t] for t in types}
         dataset = build_dataset(sub, split, train=False, fusion=model.fusion)
         torch.manual_seed(cfg.train.seed)  # GenComm's diffusion noise: the same draws for every alliance
-        res = evaluate(model, dataset, out_dir=out_dir, max_frames=max_frames, label="dyn_" + "+".join(types),
+        res = evaluate(model, dataset, out_dir=out_dir, max_frames=max_frames, label=alliance_label(types),
                        channel=channel)
         params, gflops = onboarding_cost(cfg, model, dataset, types[-1]) if k > 1 else (None, None)
         rows.append(DynamicRow(types, res, params, gflops))
