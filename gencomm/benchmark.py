@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from opencood_ext.eval.dynamic import alliance_label
+from opencood_ext.runs import run_files
 
 TYPES = ("m1", "m2", "m3", "m4")
 # (row name, onboarding method)
@@ -49,6 +50,13 @@ def _dynamic(run: Path) -> List[dict]:
     return json.loads((run / "eval_dynamic.json").read_text())
 
 
+def _resumable(out: Path, runs: Sequence[Path]) -> dict:
+    """``run_cmd`` keywords of a dynamic evaluation into ``out`` of the runs ``runs``: skipped on a
+    rerun when nothing it reads changed (:func:`gencomm.reproduce._run`)."""
+    return {"stamp": out / "eval_dynamic.inputs.json", "reads": [f for r in runs for f in run_files(r)],
+            "makes": [out / "eval_dynamic.json"]}
+
+
 def _row(name: str, run: Path, dynamic: List[dict], note: str, **extra) -> dict:
     """A results.json row: ``eval`` is its last alliance's evaluation (ap, ap_ci, bytes, frames file)."""
     full = json.loads((run / f"eval_{alliance_label(dynamic[-1]['types'])}.json").read_text())
@@ -58,7 +66,7 @@ def _row(name: str, run: Path, dynamic: List[dict], note: str, **extra) -> dict:
             **extra}
 
 
-def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Callable[[List[str]], None],
+def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Callable[..., None],
                   python: str, overrides: Sequence[str], onboard_overrides: Sequence[str] = (),
                   onboard_epochs=None, methods=METHODS, types: Sequence[str] = TYPES,
                   competitor_stage1: Optional[Dict[str, Path]] = None,
@@ -68,7 +76,8 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
     stage1: GenComm's stage-1 run per type; competitor_stage1: the full-feature stage-1 run per
     type the other methods start from (None: GenComm's; their run folders then lack the
     ``_own_stage1`` suffix, so the two protocols never share a folder). run_cmd: runs one command
-    (raises on failure). overrides: ``--set`` items for every step (data root, quick-profile
+    (raises on failure); evaluations also pass it ``stamp``, ``reads`` and ``makes`` (skip when
+    done, :func:`gencomm.reproduce._run`). overrides: ``--set`` items for every step (data root, quick-profile
     caps); onboard_overrides: extra ones for onboarding only; eval_overrides: extra ones for
     evaluation only (e.g. the separate test set's data root); types: the alliance in joining
     order, the ego's type first (run folders are named after the new types)."""
@@ -92,7 +101,8 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
         if onboard_epochs is not None:
             cmd += ["--epochs", str(onboard_epochs)]
         run_cmd(cmd)
-        run_cmd([python, "tools/inference.py", "--model_dir", str(run), "--dynamic", order, *eval_sets])
+        run_cmd([python, "tools/inference.py", "--model_dir", str(run), "--dynamic", order, *eval_sets],
+                **_resumable(run, [run]))
         ob = json.loads((run / "onboarding.json").read_text())
         origin = "full-feature stage-1 runs" if own else "GenComm's stage-1 runs"
         rows.append(_row(f"{name} ({joined} onboarded)", run, _dynamic(run), f"stage 2 ({method}) from {origin}",
@@ -102,13 +112,13 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
                          stage1="full_feature" if own else "gencomm"))
     late = runs / ("late_of_stage1" if types == list(TYPES) else f"late_of_stage1_{''.join(types)}")
     run_cmd([python, "tools/inference.py", *[a for t in types for a in ("--late_of", f"{t}={stage1[t]}")],
-             "-o", str(late), "--dynamic", order, *eval_sets])
+             "-o", str(late), "--dynamic", order, *eval_sets], **_resumable(late, [stage1[t] for t in types]))
     rows.append(_row("Late fusion (stage-1 models)", late, _dynamic(late),
                      "each agent detects with its own stage-1 run; nothing trained", trainable_params=0,
                      train_wall_s=0.0))
     alone = runs / "none_of_stage1"
     run_cmd([python, "tools/inference.py", "--late_of", f"{types[0]}={stage1[types[0]]}", "-o", str(alone),
-             "--fusion_method", "none", "--dynamic", types[0], *eval_sets])
+             "--fusion_method", "none", "--dynamic", types[0], *eval_sets], **_resumable(alone, [stage1[types[0]]]))
     row = _row(f"No fusion ({types[0]} stage-1 model)", alone, _dynamic(alone), "the ego alone: the same AP for every "
                "alliance", trainable_params=0, train_wall_s=0.0)
     row["dynamic"] = [dict(row["dynamic"][0], types=types[:k + 1]) for k in range(len(types))]

@@ -21,12 +21,16 @@
    and ``results.json``.
 
 Every step is resumable: a finished run is skipped, an interrupted one
-continues from its last checkpoint. ``quick=True`` shrinks data and training
+continues from its last checkpoint, and an evaluation is skipped when its
+command, the code (its Python sources) and every file it reads (the
+run's config and checkpoints, the test split) are as its
+``eval_<label>.inputs.json`` stamp records them. ``quick=True`` shrinks data and training
 to a smoke run that exercises every step in minutes.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from opencood_ext.runs import run_files
 from opencood_ext.training.runlog import training_wall_time
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,12 +110,77 @@ CAMERA_TYPES = ("m2", "m4")  # the LSS types of configs/sim/types: only they nee
 TEST_SEED_OFFSET = 1_000_000
 
 
-def _run(cmd: List[str]) -> None:
+def _data_root(cmd: Sequence[str]) -> Optional[Path]:
+    """The data a command reads: its last ``--set data.root=...`` (later overrides win); with a
+    ``test`` split folder, only that split (evaluations read nothing else)."""
+    roots = [a.split("=", 1)[1] for a in cmd if a.startswith("data.root=")]
+    if not roots:
+        return None
+    root = Path(roots[-1])
+    return root / "test" if (root / "test").is_dir() else root
+
+
+def _listing(paths: Sequence[Path]) -> Tuple[str, int]:
+    """(sha256 over path, size and mtime of every file under ``paths``, number of files); a missing
+    path counts as an entry of its own, so its later appearance changes the digest."""
+    h, n = hashlib.sha256(), 0
+    for top in paths:
+        top = Path(top)
+        files = [top] if top.is_file() else sorted(f for f in top.rglob("*") if f.is_file()) if top.is_dir() else []
+        if not files:
+            h.update(f"missing {top}\n".encode())
+        for f in files:
+            st = f.stat()
+            h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            n += 1
+    return h.hexdigest(), n
+
+
+def _code_digest() -> str:
+    """sha256 over the Python sources a step runs (``opencood_ext/``, ``gencomm/``, ``tools/``): any
+    edit there redoes the stamped steps, a change elsewhere (docs, tests) does not."""
+    h = hashlib.sha256()
+    for f in sorted(p for d in ("opencood_ext", "gencomm", "tools") for p in (ROOT / d).rglob("*.py")):
+        h.update(f"{f.relative_to(ROOT)}\0".encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _inputs(cmd: Sequence[str], reads: Sequence[Path]) -> Optional[dict]:
+    """What a step's result depends on: the command, the code, and every file it reads (the runs in
+    ``reads`` and the data of its ``data.root``); None when the command names no data root."""
+    data = _data_root(cmd)
+    if data is None:
+        return None
+    digest, n = _listing([*reads, data])
+    return {"command": list(cmd), "code": _code_digest(), "files": digest, "num_files": n}
+
+
+def _run(cmd: List[str], stamp: Optional[Path] = None, reads: Sequence[Path] = (),
+         makes: Sequence[Path] = ()) -> None:
+    """Run one step. With ``stamp``: skipped when ``stamp`` records the same command, code and
+    inputs (size and mtime of every file under ``reads`` and the command's data root) and every
+    output in ``makes`` exists; after a run the stamp is (re)written. Evaluations pass one, so a
+    resumed main job does not redo them; training steps need none (a finished run is skipped by
+    ``tools/train.py`` itself)."""
+    want = _inputs(cmd, reads) if stamp is not None else None
+    if want is not None and stamp.is_file() and all(Path(m).is_file() for m in makes):
+        try:
+            done = json.loads(stamp.read_text())
+        except (OSError, ValueError):
+            done = None
+        if done == want:
+            log.info("skip (done; command, code and inputs unchanged since %s): %s", stamp, " ".join(cmd))
+            return
     log.info("$ %s", " ".join(cmd))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run(cmd, cwd=ROOT, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"step failed (exit {proc.returncode}): {' '.join(cmd)}")
+    if want is not None:
+        tmp = stamp.with_name(stamp.name + ".tmp")
+        tmp.write_text(json.dumps(want, indent=1))
+        os.replace(tmp, stamp)
 
 
 def _sets(items: List[str]) -> List[str]:
@@ -151,16 +221,19 @@ def train(config: str, run: Path, data: Path, profile: Profile) -> float:
     return training_wall_time(run)
 
 
-def evaluate_run(run: Path, fusion: str, profile: Profile, label: str) -> dict:
+def evaluate_run(run: Path, fusion: str, profile: Profile) -> dict:
+    """Evaluate ``run`` with ``fusion`` (skipped when a resumed job finds it done, see :func:`_run`)."""
+    name = f"eval_{'none' if fusion == 'no' else fusion}"
     _run([sys.executable, "tools/inference.py", "--model_dir", str(run), "--fusion_method", fusion,
-          *_sets(profile.overrides)])
-    return json.loads((run / f"eval_{'none' if fusion == 'no' else fusion}.json").read_text())
+          *_sets(profile.overrides)], stamp=run / f"{name}.inputs.json", reads=run_files(run),
+         makes=[run / f"{name}.json"])
+    return json.loads((run / f"{name}.json").read_text())
 
 
 def ego_only(run: Path, fusion: str, res: dict, profile: Profile) -> dict:
     """The same weights with the collaborators switched off (fusion 'none'): a paired measure of
     what cooperation adds that training noise between runs cannot blur."""
-    return res if fusion == "none" else evaluate_run(run, "none", profile, "ego only")
+    return res if fusion == "none" else evaluate_run(run, "none", profile)
 
 
 def robustness_sweep(rows: List[Dict], out: Path, profile: Profile, seed: int) -> Path:
@@ -212,7 +285,7 @@ def _one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, st
     for method, config, fusion in BASELINES:
         run = runs / Path(config).stem
         wall = steps.run(f"train {run.name}", train, config, run, data, profile)
-        res = steps.run(f"evaluate {run.name}", evaluate_run, run, fusion, evaluation, method)
+        res = steps.run(f"evaluate {run.name}", evaluate_run, run, fusion, evaluation)
         rows.append({"method": method, "run": str(run), "eval": res, "train_wall_s": wall,
                      "trainable_params": count_trainable(run), "note": "retrained end to end",
                      "ego_only": steps.run(f"evaluate {run.name}, collaborators off", ego_only, run, fusion, res,
@@ -230,7 +303,7 @@ def _one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, st
         cmd += ["--epochs", str(profile.onboard_epochs)]
     steps.run("onboard m3 (GenComm)", _run, cmd)
     onboarding = json.loads((onboard_run / "onboarding.json").read_text())
-    res = steps.run("evaluate onboard_gencomm_m3", evaluate_run, onboard_run, "intermediate", evaluation, "GenComm")
+    res = steps.run("evaluate onboard_gencomm_m3", evaluate_run, onboard_run, "intermediate", evaluation)
     rows.append({"method": "GenComm (m3 onboarded)", "run": str(onboard_run), "eval": res,
                  "ego_only": ego_only(onboard_run, "intermediate", res, evaluation),
                  "train_wall_s": onboarding["onboarding_wall_time_s"],

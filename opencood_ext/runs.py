@@ -21,6 +21,12 @@ def checkpoint_of(run_dir: Path) -> Path:
     raise FileNotFoundError(f"{run_dir}: no checkpoints/best.pth or checkpoints/latest.pth (was it trained?)")
 
 
+def run_files(run_dir) -> Tuple[Path, Path]:
+    """What loading the run reads (:func:`load_run`): its ``config.yaml`` and ``checkpoints/``, not the
+    evaluations written beside them; a resumed main job re-evaluates a run when these change."""
+    return Path(run_dir) / "config.yaml", Path(run_dir) / "checkpoints"
+
+
 def load_run(run_dir, overrides: Sequence[str] = ()) -> Tuple[ExperimentConfig, CooperativeDetector]:
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.yaml"
