@@ -21,7 +21,10 @@ no-fusion sample carries the ego only). ``train_step_s``: forward, loss, backwar
 step; ``inference_frame_s``: ``model.predict`` (evaluation mode, messages through the wire
 format). The models are timed in turn within each repetition, so a busy machine slows all
 models alike; figures are medians, and ``<t>_gencomm_over_intermediate_*`` are ratios of
-those medians. ``<t>_gencomm_{train,inference}_share_*``: the part of GenComm's forward
+those medians. ``<t>_<model>_forward_gflops``: the arithmetic of one forward pass on the training
+batch (:mod:`opencood_ext.eval.flops`, deformable sampling included), with GenComm's split into
+encoders, message extractors, generators and enhancers (``<t>_gencomm_forward_gflops_*``): the
+floor no implementation of the same layers goes under. ``<t>_gencomm_{train,inference}_share_*``: the part of GenComm's forward
 pass (``model.forward`` in the training step; all of ``predict``) spent in the encoders, the
 message extractors, the generators and the enhancers (forward hooks, timed over the same
 repetitions). On CUDA every timed call and hook ends with a synchronize; m3 (SECOND) on
@@ -48,6 +51,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import gencomm  # noqa: E402,F401  (registers the GenComm link)
 from opencood_ext.data.batch import collate_samples  # noqa: E402
 from opencood_ext.data.dataset import CooperativeDataset  # noqa: E402
+from opencood_ext.eval.flops import flops_during  # noqa: E402
 from opencood_ext.experiment import build_model, cooperation_for, load_experiment  # noqa: E402
 from synthetic import SyntheticReader  # noqa: E402
 
@@ -187,6 +191,13 @@ def main(argv=None) -> dict:
             train_fns[tag], infer_fns[tag] = step, infer
             if kind == "gencomm":
                 res[f"{t}_{tag}_generator_params"] = sum(p.numel() for p in model.link.safg[t].parameters())
+            # arithmetic, not time: GFLOPs of one training-batch forward pass (eval mode), whole and by part
+            forward = lambda model=model, batch=batches[True]: model(batch)  # noqa: E731
+            res[f"{t}_{tag}_forward_gflops"] = flops_during([model], forward) / 1e9
+            if tag == "gencomm":
+                for name, mods in _gencomm_groups(model).items():
+                    if name != "forward":
+                        res[f"{t}_gencomm_forward_gflops_{name}"] = flops_during(mods, forward) / 1e9
             if tag == "gencomm":
                 timer = _ModuleTimer(_gencomm_groups(model), device, clock)
         for phase, fns in (("train_step", train_fns), ("inference_frame", infer_fns)):
@@ -206,6 +217,9 @@ def main(argv=None) -> dict:
             for tag in fns:
                 res[f"{t}_{tag}_{phase}_s"] = statistics.median(times[tag])
             for tag, kind, _ in variants:
+                if kind == "gencomm" and phase == "train_step":
+                    res[f"{t}_{tag}_over_intermediate_forward_gflops"] = \
+                        res[f"{t}_{tag}_forward_gflops"] / res[f"{t}_intermediate_forward_gflops"]
                 if kind == "gencomm":
                     for other in ("intermediate", "none"):
                         res[f"{t}_{tag}_over_{other}_{phase}"] = \

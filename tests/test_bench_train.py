@@ -37,6 +37,15 @@ def test_rows_ratios_and_shares():
     assert res["m1_gencomm_generator_params"] == 69_616
     assert res["m1_gencomm_ref_generator_params"] == 43_176
     assert res["clock"] == "cpu" and res["family"] == "sim"
+    # the arithmetic: GenComm's parts add up within its whole pass, which holds the same encoders
+    parts = sum(res[f"m1_gencomm_forward_gflops_{n}"]
+                for n in ("encoders", "message_extractor", "generator", "enhancer"))
+    assert parts < res["m1_gencomm_forward_gflops"]
+    assert res["m1_gencomm_forward_gflops_encoders"] < res["m1_intermediate_forward_gflops"] \
+        < res["m1_gencomm_forward_gflops"]
+    assert res["m1_gencomm_ref_forward_gflops"] < res["m1_gencomm_forward_gflops"]  # the smaller generator
+    assert res["m1_gencomm_over_intermediate_forward_gflops"] == pytest.approx(
+        res["m1_gencomm_forward_gflops"] / res["m1_intermediate_forward_gflops"])
 
 
 def test_bad_arguments_are_refused():

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from opencood_ext.models.deform_conv import DeformConv2d
-from opencood_ext.eval.flops import count_flops, count_parameters, profile_flops
+from opencood_ext.eval.flops import count_flops, count_parameters, flops_during, profile_flops
 from gencomm.message import DeformableMessageExtractor
 
 
@@ -68,6 +68,18 @@ def test_flops_count_deformable_sampling():
     assert rep.by_type["BatchNorm2d"] == 2 * d * hw
     assert rep.flops == 2 * rep.macs == count_flops(dme, torch.randn(1, c, h, w))
     assert dme.training  # mode restored
+
+
+def test_flops_during_counts_only_the_named_parts_of_a_whole_pass():
+    c, d, h, w = 8, 4, 5, 6
+    head = nn.Conv2d(2, 3, 1)
+    dme = DeformableMessageExtractor(in_channels=c, hidden_channels=d, message_channels=2, se_reduction=2)
+    model = nn.Sequential(nn.Conv2d(3, c, 3, padding=1), dme, head)  # the DME's input comes from the first conv
+    x = torch.randn(2, 3, h, w)
+    assert flops_during([dme], lambda: model(x)) == count_flops(dme, torch.randn(2, c, h, w))
+    assert flops_during([head], lambda: model(x)) == 2 * 2 * h * w * 2 * 3
+    assert flops_during([dme, head, dme], lambda: model(x)) == count_flops(dme, torch.randn(2, c, h, w)) + 2 * 2 * h * w * 6
+    assert flops_during([model], lambda: model(x)) == count_flops(model, x)
 
 
 def test_flops_modulated_and_conv_match_torch_counter():

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Sequence
 
 import torch
 from torch import nn
@@ -157,3 +157,22 @@ def profile_flops(module: nn.Module, inputs) -> FlopReport:
 def count_flops(module: nn.Module, inputs) -> int:
     """FLOPs (2 x MACs) of one forward call; see the module docstring for what is counted."""
     return profile_flops(module, inputs).flops
+
+
+class _Probe(nn.Module):
+    """Holds ``modules`` as its only submodules (so the hooks go on them alone) and runs ``run``."""
+
+    def __init__(self, modules: Sequence[nn.Module], run: Callable[[], object]):
+        super().__init__()
+        self.parts = nn.ModuleList(modules)
+        self._run = run
+
+    def forward(self):
+        return self._run()
+
+
+def flops_during(modules: Sequence[nn.Module], run: Callable[[], object]) -> int:
+    """FLOPs of the layers of ``modules`` (a layer two of them share hooked once) while ``run()`` runs, e.g. one forward
+    pass of the model that holds them: what those parts cost inside a real pass, where their inputs
+    come from the rest of the model. Eval mode, no gradients, as :func:`profile_flops`."""
+    return profile_flops(_Probe(modules, run), ()).flops

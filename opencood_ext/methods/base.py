@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..eval.flops import profile_flops
+from ..eval.flops import flops_during, profile_flops
 from ..registry import Registry
 
 ONBOARDING = Registry("onboarding method", "how new agent types join a frozen alliance (tools/onboard.py --method); "
@@ -61,7 +61,7 @@ class OnboardingMethod:
         was = model.training
         model.eval()
         try:
-            flops = profile_flops(_Probe(mods, lambda: model(batch)), ()).flops
+            flops = flops_during(mods, lambda: model(batch))
         finally:
             model.train(was)
         return count_unique_parameters(mods), flops / count / 1e9
@@ -78,18 +78,6 @@ def _modules_under(model: nn.Module, prefixes: Sequence[str]) -> List[nn.Module]
 def count_unique_parameters(modules: Sequence[nn.Module]) -> int:
     """Parameters of ``modules``, each tensor once."""
     return sum(p.numel() for p in {id(p): p for m in modules for p in m.parameters()}.values())
-
-
-class _Probe(nn.Module):
-    """Holds ``modules`` as its only submodules (so flop hooks go on them alone) and runs ``run``."""
-
-    def __init__(self, modules: Sequence[nn.Module], run: Callable[[], object]):
-        super().__init__()
-        self.parts = nn.ModuleList(modules)
-        self._run = run
-
-    def forward(self):
-        return self._run()
 
 
 def feature_macs(module: nn.Module, inputs: tuple) -> int:
