@@ -70,7 +70,7 @@ class GenCommLink(nn.Module):
             if t not in self.dme:
                 raise KeyError(f"agent type {t} has no message extractor; known: {sorted(self.dme)}")
             idx = torch.as_tensor([i for i, a in enumerate(agent_types) if a == t], device=features.device)
-            out[idx] = self.dme[t](features[idx])
+            out[idx] = self.dme[t](features[idx]).to(out.dtype)  # autocast: the DME may compute in bf16
         return out
 
     def receive(self, payload: Tensor, arrival: Arrival) -> Tensor:
@@ -87,7 +87,7 @@ class GenCommLink(nn.Module):
             if r not in self.safg:
                 raise KeyError(f"receiver type {r} has no feature generator; known: {sorted(self.safg)}")
             sel = torch.as_tensor([k for k, t in enumerate(receiver_types) if t == r], device=payload.device)
-            gen[sel] = self.enhancer[r](self.safg[r](cond[sel], ego_feature[sel]).feature)
+            gen[sel] = self.enhancer[r](self.safg[r](cond[sel], ego_feature[sel]).feature).to(gen.dtype)
         if not self.warp_before_generation:
             gen = warp_to_ego(gen, T_ego_from_sender, self.lidar_range)
         return gen * arrival.valid

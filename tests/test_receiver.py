@@ -141,3 +141,16 @@ def test_transmit_counts_rejections_and_bytes():
     ok = transmit(sent, wire=True, dtype="float16", accept=model.method.accept(model))
     assert len(ok.arrived) == 2 and not ok.rejected
     np.testing.assert_array_equal(ok.arrived.pose.numpy(), sent.pose.numpy())
+
+
+def test_gencomm_runs_under_bf16_autocast():
+    """Under torch.autocast the link's modules compute in bf16 (or fp16 on a GPU) while the buffers
+    they fill are float32: the link casts what it writes, so mixed precision runs and trains."""
+    model = _model("gencomm").train()
+    batch = collate_samples([_dataset(model.method.dataset_agents(train=True))[0]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(batch)
+        loss = model.loss(out, batch).total
+    loss.backward()
+    assert torch.isfinite(loss) and "generation" in out.losses
+    assert all(p.grad is not None for p in model.link.dme["m1"].parameters())
