@@ -2,6 +2,7 @@
 
     python tools/bench.py train [--types m1] [--agents 3] [--repeat 3] [--threads 2] [--device cpu|cuda]
                                 [--clock wall|cpu] [--family sim|opv2v_h] [--link JSON] [--also NAME=JSON]
+                                [--autocast]
 
 For each type ``t`` three models are built on the sim config (``configs/sim/base.yaml`` +
 ``configs/<family>/types/<t>.yaml``; ``--family opv2v_h`` puts the OPV2V-H encoders and GenComm
@@ -158,6 +159,10 @@ def main(argv=None) -> dict:
                    help="one more GenComm model, <t>_gencomm_NAME, with this link override, timed in the same "
                         "rotation (e.g. reference='{\"generator\": {\"variant\": \"reference\", "
                         "\"base_channels\": 8}}'); repeatable")
+    p.add_argument("--autocast", action="store_true",
+                   help="also time every model under torch.autocast(bfloat16) in the same rotation "
+                        "(<t>_<model>_bf16_*; <t>_<model>_fp32_over_bf16_*: the speed-up). Mixed precision "
+                        "changes numerics; it pays only where the CPU has bf16 instructions (avx512_bf16, amx)")
     args = p.parse_args(argv)
     if args.link is not None and not isinstance(args.link, dict):
         raise SystemExit(f"--link must be a JSON object, got {args.link!r}")
@@ -179,16 +184,21 @@ def main(argv=None) -> dict:
                                                 device)
             opt = torch.optim.Adam(model.parameters(), 1e-4)
 
-            def step(model=model, opt=opt, batch=batches[True]):
-                model.train()
-                opt.zero_grad()
-                model.loss(model(batch), batch).total.backward()
-                opt.step()
+            for amp in ([False, True] if args.autocast else [False]):
+                def step(model=model, opt=opt, batch=batches[True], amp=amp):
+                    model.train()
+                    opt.zero_grad()
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                        loss = model.loss(model(batch), batch).total
+                    loss.backward()
+                    opt.step()
 
-            def infer(model=model, batch=batches[False]):
-                model.eval()
-                model.predict(batch)
-            train_fns[tag], infer_fns[tag] = step, infer
+                def infer(model=model, batch=batches[False], amp=amp):
+                    model.eval()
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                        model.predict(batch)
+                key = f"{tag}_bf16" if amp else tag
+                train_fns[key], infer_fns[key] = step, infer
             if kind == "gencomm":
                 res[f"{t}_{tag}_generator_params"] = sum(p.numel() for p in model.link.safg[t].parameters())
             # arithmetic, not time: GFLOPs of one training-batch forward pass (eval mode), whole and by part
@@ -216,6 +226,13 @@ def main(argv=None) -> dict:
                     timer.enabled = False
             for tag in fns:
                 res[f"{t}_{tag}_{phase}_s"] = statistics.median(times[tag])
+            if args.autocast:
+                for tag, kind, _ in variants:
+                    res[f"{t}_{tag}_fp32_over_bf16_{phase}"] = \
+                        res[f"{t}_{tag}_{phase}_s"] / res[f"{t}_{tag}_bf16_{phase}_s"]
+                    if kind == "gencomm":
+                        res[f"{t}_{tag}_bf16_over_intermediate_bf16_{phase}"] = \
+                            res[f"{t}_{tag}_bf16_{phase}_s"] / res[f"{t}_intermediate_bf16_{phase}_s"]
             for tag, kind, _ in variants:
                 if kind == "gencomm" and phase == "train_step":
                     res[f"{t}_{tag}_over_intermediate_forward_gflops"] = \

@@ -20,7 +20,7 @@ def _keep_threads():
 
 
 def test_rows_ratios_and_shares():
-    res = train_step.main(["--repeat", "1", "--threads", "1", "--clock", "cpu", "--also", f"ref={REF}"])
+    res = train_step.main(["--repeat", "1", "--threads", "1", "--clock", "cpu", "--also", f"ref={REF}", "--autocast"])
     for phase in ("train_step", "inference_frame"):
         for tag in ("none", "intermediate", "gencomm", "gencomm_ref"):
             assert res[f"m1_{tag}_{phase}_s"] > 0
@@ -29,6 +29,11 @@ def test_rows_ratios_and_shares():
                 res[f"m1_{tag}_{phase}_s"] / res[f"m1_intermediate_{phase}_s"])
             assert res[f"m1_{tag}_over_none_{phase}"] == pytest.approx(
                 res[f"m1_{tag}_{phase}_s"] / res[f"m1_none_{phase}_s"])
+        for tag in ("none", "intermediate", "gencomm", "gencomm_ref"):  # each also timed under bf16 autocast
+            assert res[f"m1_{tag}_fp32_over_bf16_{phase}"] == pytest.approx(
+                res[f"m1_{tag}_{phase}_s"] / res[f"m1_{tag}_bf16_{phase}_s"])
+        assert res[f"m1_gencomm_bf16_over_intermediate_bf16_{phase}"] == pytest.approx(
+            res[f"m1_gencomm_bf16_{phase}_s"] / res[f"m1_intermediate_bf16_{phase}_s"])
     for short in ("train", "inference"):
         shares = [res[f"m1_gencomm_{short}_share_{n}"]
                   for n in ("encoders", "message_extractor", "generator", "enhancer")]
