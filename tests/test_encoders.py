@@ -98,6 +98,21 @@ def test_second_cpu_shim_and_backward():
     assert w.grad is not None and torch.isfinite(w.grad).all() and w.grad.abs().sum() > 0
 
 
+def test_second_runs_under_mixed_precision():
+    """train.amp: spconv has no bf16 kernels, so the sparse part stays float32 inside autocast and the
+    dense BEV backbone after it computes in bf16; the result equals float32 to bf16 precision."""
+    stack = _stack({"type": "second", "voxel_size": [0.2, 0.2, 0.25], "channels": [8, 16, 16],
+                    "blocks": [1, 1, 1], "out_z_channels": 16},
+                   dict(BACKBONE, layer_strides=[1, 2], upsample_strides=[1, 2])).eval()
+    data = _lidar(stack.encoder.voxel_size)
+    with torch.no_grad():
+        want = stack(data).bev
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = stack(data).bev
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.05 * want.abs().max().item())
+
+
 def test_second_out_channels_follow_depth():
     enc = SecondEncoder(RANGE, [0.4, 0.4, 0.1], channels=[4, 8, 8], blocks=[0, 0, 0], out_z_channels=6)
     # nz = 40 -> 20 -> 10 -> (10 - 3) // 2 + 1 = 4 layers * 6 channels

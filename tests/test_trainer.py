@@ -215,3 +215,48 @@ def test_config_schema_through_the_yaml_loader(tmp_path):
         load_config(p, _Experiment)
     with pytest.raises(ValueError, match="milestones"):
         TrainConfig(lr_scheduler="multistep")
+
+
+class _DtypeSpy(ToyModel):
+    """Records the dtype of the head's output in each training forward."""
+
+    def __init__(self):
+        super().__init__(dropout=0.0)
+        self.dtypes = []
+
+    def forward(self, batch):
+        out = super().forward(batch)
+        if self.training:
+            self.dtypes.append(out.dtype)
+        return out
+
+
+@pytest.mark.parametrize("amp, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_mixed_precision_computes_in_half_and_keeps_float32_weights(tmp_path, amp, dtype):
+    model = _DtypeSpy()
+    result, model = _run(tmp_path, _cfg(val_batch_size=2, amp=amp), model=model)
+    assert set(model.dtypes) == {dtype} and len(model.dtypes) == 12
+    assert result.history[-1]["val_loss"] < result.history[0]["val_loss"]
+    latest = load_checkpoint(tmp_path / "checkpoints" / "latest.pth")
+    assert all(v.dtype == torch.float32 for k, v in latest["model"].items() if v.is_floating_point())
+    if amp == "fp16":  # the loss scale is part of the resume point
+        assert latest["grad_scaler"]["scale"] > 0
+    else:
+        assert latest["grad_scaler"] is None
+
+
+def test_fp16_resume_restores_the_loss_scale(tmp_path):
+    from opencood_ext.training.checkpoint import save_checkpoint
+    _run(tmp_path, _cfg(epochs=2, amp="fp16"))
+    path = tmp_path / "checkpoints" / "latest.pth"
+    state = load_checkpoint(path)
+    state["grad_scaler"]["scale"] = 128.0
+    save_checkpoint(state, [path])
+    trainer = Trainer(ToyModel(), ToyDataset(16), None, collate, _cfg(epochs=3, amp="fp16"), tmp_path)
+    assert trainer.restore() and trainer.scaler.get_scale() == 128.0
+
+
+def test_float32_is_the_default_and_a_bad_amp_is_refused():
+    assert TrainConfig().amp is None
+    with pytest.raises(ValueError, match=r"TrainConfig\.amp must be None, bf16 or fp16, got 'fp8'"):
+        TrainConfig(amp="fp8")

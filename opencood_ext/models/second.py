@@ -123,11 +123,13 @@ class SecondEncoder(nn.Module):
             raise RuntimeError("second: the input is on CUDA but the installed spconv is a CPU-only build; "
                                "install the CUDA build that matches your torch (e.g. pip install spconv-cu126) "
                                "or train on the CPU (CUDA_VISIBLE_DEVICES='')")
-        feats = self.mean_features(data.voxels, data.num_points)
-        x = spconv.SparseConvTensor(feats, data.coords.int(), self.sparse_shape, data.num_agents)
-        for stage in self.stages:
-            x = stage(x)
-        x = self.z_conv(x)
-        dense = x.dense()  # (A, Cz, D, H, W)
+        # float32 even under mixed precision (train.amp): spconv has no bfloat16 kernels
+        with torch.autocast(data.voxels.device.type, enabled=False):
+            feats = self.mean_features(data.voxels.float(), data.num_points)
+            x = spconv.SparseConvTensor(feats, data.coords.int(), self.sparse_shape, data.num_agents)
+            for stage in self.stages:
+                x = stage(x)
+            x = self.z_conv(x)
+            dense = x.dense()  # (A, Cz, D, H, W)
         a, c, d, h, w = dense.shape
         return EncoderOutput(bev=dense.reshape(a, c * d, h, w))

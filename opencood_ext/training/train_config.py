@@ -28,6 +28,11 @@ class TrainConfig:
     find_unused_parameters: DDP flag for models whose trainable parameters do
     not all take part in every forward (heterogeneous agent mixes).
     progress_bar: tqdm bar on rank 0 when stderr is a terminal.
+    amp: mixed precision, None = float32. "bf16": the forward pass and the loss run under
+    ``torch.autocast`` in bfloat16 (GPUs since Ampere; CPUs with bf16 instructions, e.g.
+    avx512_bf16 or AMX: elsewhere a CPU emulates it, slower than float32). "fp16": float16
+    autocast with a gradient scaler (GPUs). Weights, optimizer state and checkpoints stay
+    float32; it changes numerics, so compare AP with a float32 run before relying on it.
     dist_timeout_s: DDP only: how long a rank waits in a collective (gradient all-reduce,
     checkpoint RNG gather, validation sums) for the others. When a rank stalls (paused,
     swapping, stuck on I/O), every other rank fails after this many seconds with a
@@ -62,6 +67,7 @@ class TrainConfig:
     find_unused_parameters: bool = False
     progress_bar: bool = True
     dist_timeout_s: float = 600.0
+    amp: Optional[Literal["bf16", "fp16"]] = None
 
     def __post_init__(self):
         def bad(name, rule):
@@ -82,6 +88,8 @@ class TrainConfig:
         for name in ("num_workers", "val_every", "lr", "weight_decay", "min_lr", "momentum"):
             if getattr(self, name) < 0:
                 raise bad(name, ">= 0")
+        if self.amp not in (None, "bf16", "fp16"):
+            raise bad("amp", "None, bf16 or fp16")
         if self.optimizer not in ("adam", "adamw", "sgd"):
             raise bad("optimizer", "adam, adamw or sgd")
         if self.lr_scheduler not in (None, "multistep", "cosine"):

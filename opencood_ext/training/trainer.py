@@ -147,6 +147,8 @@ class Trainer:
                 self.model, device_ids=ids, find_unused_parameters=config.find_unused_parameters)
         self.optimizer = build_optimizer(self.params, config)
         self.scheduler = build_scheduler(self.optimizer, config)
+        # float16 gradients underflow without loss scaling; bf16 has float32's range (no scaler)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.amp == "fp16")
         self.paths = CheckpointPaths(self.run_dir)
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.best_val: Optional[float] = None
@@ -164,6 +166,7 @@ class Trainer:
     def _state(self) -> dict:
         return {"format_version": FORMAT_VERSION, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                "grad_scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
                 "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
                 "best_val": self.best_val, "history": list(self.history),
                 "world_size": self.dist.world_size, "batch_size": self.config.batch_size,
@@ -229,6 +232,8 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             if self.scheduler is not None and state["scheduler"] is not None:
                 self.scheduler.load_state_dict(state["scheduler"])
+            if self.scaler.is_enabled() and state.get("grad_scaler"):
+                self.scaler.load_state_dict(state["grad_scaler"])
         except (ValueError, KeyError) as exc:
             raise CheckpointError(f"{path}: field 'optimizer'/'scheduler' does not fit this run "
                                   f"(different trainable parameters or scheduler?): {exc}") from None
@@ -272,9 +277,15 @@ class Trainer:
         return min(steps, cap) if cap else steps
 
     # ------------------------------------------------------------ loops
+    def _autocast(self):
+        """``torch.autocast`` in ``config.amp``'s dtype (a no-op context in float32)."""
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.config.amp)
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
+
     def _loss(self, batch) -> LossOutput:
-        out = self.forward_module(batch)
-        loss = self.model.loss(out, batch)
+        with self._autocast():
+            out = self.forward_module(batch)
+            loss = self.model.loss(out, batch)
         if not isinstance(loss, LossOutput):
             raise TypeError(f"{type(self.model).__name__}.loss must return LossOutput, got {type(loss).__name__}")
         return loss
@@ -304,10 +315,12 @@ class Trainer:
                 parts = {k: v.item() for k, v in loss.parts.items()}
                 raise FloatingPointError(f"non-finite loss {loss.total.item()} at epoch {epoch} step {step}: {parts}")
             self.optimizer.zero_grad(set_to_none=True)
-            loss.total.backward()
+            self.scaler.scale(loss.total).backward()  # scale and unscale_ are identities without fp16
             if cfg.grad_clip:
+                self.scaler.unscale_(self.optimizer)
                 torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
-            self.optimizer.step()
+            self.scaler.step(self.optimizer)  # skips the step when fp16 gradients overflowed
+            self.scaler.update()
             self.global_step += 1
             self.step_in_epoch = step + 1
             acc["steps"] += 1
@@ -358,7 +371,8 @@ class Trainer:
                 continue
             n = getattr(batch, "batch_size", len(ids))  # fewer than len(ids) when bad frames were left out
             batch = batch.to(self.device)
-            loss = self.model.loss(self.model(batch), batch)
+            with self._autocast():
+                loss = self.model.loss(self.model(batch), batch)
             for k, v in [("loss", loss.total)] + list(loss.parts.items()):
                 sums[k] = sums.get(k, 0.0) + v.detach().double() * n
             count += n
