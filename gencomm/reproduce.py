@@ -173,6 +173,8 @@ def _run(cmd: List[str], stamp: Optional[Path] = None, reads: Sequence[Path] = (
             log.info("skip (done; command, code and inputs unchanged since %s): %s", stamp, " ".join(cmd))
             return
     log.info("$ %s", " ".join(cmd))
+    if want is not None:
+        stamp.unlink(missing_ok=True)  # an interrupted rerun must not leave the old stamp on new outputs
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run(cmd, cwd=ROOT, env=env)
     if proc.returncode != 0:

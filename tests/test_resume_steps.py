@@ -82,6 +82,21 @@ def test_a_failed_step_leaves_no_stamp(world):
     with pytest.raises(RuntimeError, match="step failed"):
         reproduce._run([sys.executable, "-c", "raise SystemExit(3)", "--set", f"data.root={data}"], stamp=stamp)
     assert not stamp.exists()
+    # a done step redone (its output was deleted) and interrupted after rewriting the output loses its
+    # stamp, so the next rerun redoes it instead of trusting the half-written output
+    flag = tmp_path / "interrupt"
+    cmd = [sys.executable, "-c", COUNT + "; sys.exit(3 if pathlib.Path(sys.argv[3]).exists() else 0)",
+           str(tmp_path / "count"), str(tmp_path / "out.json"), str(flag), "--set", f"data.root={data}"]
+    kw = dict(stamp=tmp_path / "out.inputs.json", reads=[tmp_path / "run"], makes=[tmp_path / "out.json"])
+    reproduce._run(cmd, **kw)
+    (tmp_path / "out.json").unlink()
+    flag.write_text("")
+    with pytest.raises(RuntimeError, match="step failed"):
+        reproduce._run(cmd, **kw)
+    assert (tmp_path / "out.json").exists() and not kw["stamp"].exists()
+    flag.unlink()
+    reproduce._run(cmd, **kw)
+    assert _ran(tmp_path) == 3 and kw["stamp"].exists()
 
 
 def test_a_resumed_evaluation_is_skipped_and_redone_after_retraining(tmp_path_factory, tmp_path, caplog):
