@@ -81,3 +81,25 @@ def test_overrides_reach_the_joined_experiment(stage1, tmp_path):
     assert load_run(stage1["m3"])[0].data.root != str(tmp_path)
     plain, _ = late_fusion_of(stage1, "m1")
     assert plain.data.root == load_run(stage1["m1"])[0].data.root
+
+
+def test_blank_messages_evaluation_lands_beside_the_plain_one(stage1, tmp_path, capsys):
+    """``tools/inference.py --blank_messages m1 --label blank_m1``: a separate evaluation of the same run with
+    its m1 collaborators sending zeros; the run's own evaluation is left as it was."""
+    import shutil
+
+    from opencood_ext.cli import inference
+
+    run = tmp_path / "run"
+    shutil.copytree(stage1["m1"], run)
+    args = ["--model_dir", str(run), "--set", "eval.max_frames=2", "--set", "eval.plot_every=0"]
+    assert inference.main(args) == 0
+    plain = json.loads((run / "eval_intermediate.json").read_text())
+    assert inference.main(args + ["--blank_messages", "m1", "--label", "blank_m1"]) == 0
+    blank = json.loads((run / "eval_blank_m1.json").read_text())
+    assert json.loads((run / "eval_intermediate.json").read_text()) == plain
+    assert blank["frames"] == plain["frames"] and blank["bytes_per_message"] == plain["bytes_per_message"]
+    assert inference.main(args + ["--blank_messages", "m1"]) != 0  # without --label it would overwrite
+    assert "--blank_messages needs --label" in capsys.readouterr().err
+    assert inference.main(args + ["--blank_messages", "m9", "--label", "x"]) != 0
+    assert "types ['m9'] are not in this model" in capsys.readouterr().err

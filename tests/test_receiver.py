@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from opencood_ext.comm import ChannelEffects, Message, encode
-from opencood_ext.comm.messages import Acceptance, from_wire, receive_packet, transmit
+from opencood_ext.comm.messages import Acceptance, Messages, from_wire, receive_packet, transmit
 from opencood_ext.comm import wire
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
@@ -154,3 +154,32 @@ def test_gencomm_runs_under_bf16_autocast():
     loss.backward()
     assert torch.isfinite(loss) and "generation" in out.losses
     assert all(p.grad is not None for p in model.link.dme["m1"].parameters())
+
+
+@pytest.mark.parametrize("link", ["gencomm", "full_feature"])
+def test_blank_messages_zero_the_named_types_payloads_only(link):
+    """The --blank_messages diagnostic: senders of the named types still take part, with all-zero maps."""
+    model = _model(link)
+    batch = collate_samples([_dataset(model.method.dataset_agents(train=False))[0]])
+    with torch.no_grad():
+        torch.manual_seed(1)
+        normal = model.predict(batch)
+        model.blank_message_types = {"m1"}
+        torch.manual_seed(1)
+        blank = model.predict(batch)
+    assert len(normal.delivery.sent) == len(blank.delivery.sent) == 2
+    assert all(p.abs().sum() > 0 for p in normal.delivery.sent.payload)
+    assert all(torch.count_nonzero(p) == 0 for p in blank.delivery.sent.payload)
+    assert len(blank.delivery.arrived) == 2  # delivered and used, not dropped
+
+
+def test_only_feature_maps_can_be_blanked():
+    codes = Messages("codes", [0], [1], [1], ["m2"], [0.0], torch.eye(4, dtype=torch.float64)[None],
+                     [torch.ones(2, 3, dtype=torch.int64)])
+    with pytest.raises(ValueError, match="kind 'bev'.*'codes'"):
+        codes.blanked({"m2"})
+    bev = Messages("bev", [0, 0], [1, 2], [1, 2], ["m2", "m3"], [0.0, 0.0],
+                   torch.eye(4, dtype=torch.float64).repeat(2, 1, 1), [torch.ones(2, 3), torch.ones(2, 3)])
+    out = bev.blanked({"m2"})
+    assert torch.equal(out.payload[0], torch.zeros(2, 3)) and torch.equal(out.payload[1], torch.ones(2, 3))
+    assert torch.equal(bev.payload[0], torch.ones(2, 3))  # the original is untouched

@@ -14,6 +14,10 @@ and yaw, the CoAlign / HEAL protocol), --drop P (each message lost with probabil
 scenario's first frame), all seeded by --channel_seed and the frame index, so every run meets the
 same channel; --wire_dtype float32|float16|int8 overrides the payload dtype.
 
+What a type's messages carry: --blank_messages m2 --label blank_m2 evaluates with the m2
+collaborators sending all-zero feature maps (they still take part), into eval_blank_m2.json;
+``tools/compare.py RUN:dyn_m1+m2 RUN:blank_m2`` then gives the paired difference.
+
 Writes eval_<method>.yaml / .json (eval_dynamic.json) and bev/*.png into the run folder.
 From a checkout, ``python tools/inference.py`` runs the same command.
 """
@@ -61,6 +65,10 @@ def main(argv=None) -> int:
                    help="collaborators' messages come from K frames earlier")
     p.add_argument("--wire_dtype", choices=["float32", "float16", "int8"], default=None)
     p.add_argument("--channel_seed", type=int, default=0)
+    p.add_argument("--blank_messages", default=None, metavar="m2[,m4]",
+                   help="diagnostic: collaborators of these types send all-zero feature maps (GenComm, "
+                        "full-feature, STAMP, MPDA links); compare with the normal evaluation (tools/compare.py) "
+                        "to see what their messages carry. Needs --label")
     p.add_argument("--label", default=None, help="name of the eval_<label>.json written (default: the fusion "
                    "method, plus the channel settings when the channel is not perfect)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -105,6 +113,15 @@ def _run(args) -> int:
     if args.latency_frames < 0:
         raise ValueError(f"--latency_frames must be >= 0, got {args.latency_frames}")
     model.wire_dtype = args.wire_dtype
+    if args.blank_messages:
+        if not args.label or args.dynamic:
+            raise ValueError("--blank_messages needs --label NAME (so the run's own evaluation is not overwritten) "
+                             "and no --dynamic")
+        blank = {t.strip() for t in args.blank_messages.split(",") if t.strip()}
+        unknown = sorted(blank - set(model.encoders))
+        if unknown:
+            raise ValueError(f"--blank_messages: types {unknown} are not in this model ({sorted(model.encoders)})")
+        model.blank_message_types = blank
     seed_everything(cfg.train.seed)  # GenComm's receiver samples diffusion noise: same seed, same AP
     split = args.split or cfg.eval.split
     max_frames = args.max_frames if args.max_frames is not None else cfg.eval.max_frames

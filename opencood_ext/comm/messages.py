@@ -21,6 +21,7 @@ message.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -73,6 +74,16 @@ class Messages:
                         [self.sender_id[i] for i in keep], [self.agent_type[i] for i in keep],
                         [self.timestamp[i] for i in keep], self.pose[keep] if keep else self.pose[:0],
                         [self.payload[i] for i in keep])
+
+    def blanked(self, agent_types) -> "Messages":
+        """A copy whose payloads from senders of ``agent_types`` are all zeros (same shape and dtype):
+        a diagnostic of what those senders' messages carry (``tools/inference.py --blank_messages``).
+        Feature maps (kind "bev") only: a zero codebook index is a code, zero boxes or points are data."""
+        if self.kind != "bev":
+            raise ValueError(f"blank messages: only feature-map messages (kind 'bev') can be blanked, these are "
+                             f"'{self.kind}' (a zero codebook index is a code, zero boxes or points are data)")
+        payload = [torch.zeros_like(p) if t in agent_types else p for p, t in zip(self.payload, self.agent_type)]
+        return dataclasses.replace(self, payload=payload)
 
     def stacked(self) -> Tensor:
         """payloads as one (n, ...) tensor (they must share a shape)."""

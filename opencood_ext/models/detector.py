@@ -19,7 +19,7 @@ B samples, features (N, C, H, W) on the common :class:`BEVGrid`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -93,6 +93,8 @@ class CooperativeDetector(nn.Module):
         self.train_message_drop = float(train_message_drop)
         self.voxel_caps = dict(voxel_caps or {})
         self.wire_dtype: Optional[str] = None  # run-time override of the payload dtype (float kinds)
+        # diagnostic: senders of these types send all-zero payloads (tools/inference.py --blank_messages)
+        self.blank_message_types: Set[str] = set()
         # late fusion of separately trained models: a type's own detector (sender_detections)
         self.sender_detectors = nn.ModuleDict()
         self.encoders = nn.ModuleDict({
@@ -206,6 +208,8 @@ class CooperativeDetector(nn.Module):
         """Move ``messages`` to their receivers: in memory while training (with
         ``train_message_drop``), else as bytes through ``channel`` (:func:`transmit`)."""
         wire = (not self.training) if wire is None else wire
+        if self.blank_message_types and len(messages):
+            messages = messages.blanked(self.blank_message_types)
         dtype = self.method.wire_dtype(self)
         if self.wire_dtype is not None and messages.kind != "codes":
             dtype = self.wire_dtype
