@@ -25,9 +25,9 @@ models alike; figures are medians, and ``<t>_gencomm_over_intermediate_*`` are r
 those medians. ``<t>_<model>_forward_gflops``: the arithmetic of one forward pass on the training
 batch (:mod:`opencood_ext.eval.flops`, deformable sampling included), with GenComm's split into
 encoders, message extractors, generators and enhancers (``<t>_gencomm_forward_gflops_*``): the
-floor no implementation of the same layers goes under. ``<t>_gencomm_{train,inference}_share_*``: the part of GenComm's forward
-pass (``model.forward`` in the training step; all of ``predict``) spent in the encoders, the
-message extractors, the generators and the enhancers (forward hooks, timed over the same
+floor no implementation of the same layers goes under. ``<t>_gencomm_{train,inference}_share_*``:
+the part of GenComm's forward pass (``model.forward`` in the training step; all of ``predict``)
+spent in the encoders, the message extractors, the generators and the enhancers (forward hooks, timed over the same
 repetitions). On CUDA every timed call and hook ends with a synchronize; m3 (SECOND) on
 CUDA needs a CUDA build of spconv (spconv-cu12x).
 """
@@ -205,11 +205,15 @@ def main(argv=None) -> dict:
             forward = lambda model=model, batch=batches[True]: model(batch)  # noqa: E731
             res[f"{t}_{tag}_forward_gflops"] = flops_during([model], forward) / 1e9
             if tag == "gencomm":
-                for name, mods in _gencomm_groups(model).items():
+                groups = _gencomm_groups(model)
+                for name, mods in groups.items():
                     if name != "forward":
                         res[f"{t}_gencomm_forward_gflops_{name}"] = flops_during(mods, forward) / 1e9
-            if tag == "gencomm":
-                timer = _ModuleTimer(_gencomm_groups(model), device, clock)
+                timer = _ModuleTimer(groups, device, clock)
+        for tag, kind, _ in variants:
+            if kind == "gencomm":
+                res[f"{t}_{tag}_over_intermediate_forward_gflops"] = \
+                    res[f"{t}_{tag}_forward_gflops"] / res[f"{t}_intermediate_forward_gflops"]
         for phase, fns in (("train_step", train_fns), ("inference_frame", infer_fns)):
             for fn in fns.values():
                 fn()  # warm-up
@@ -234,9 +238,6 @@ def main(argv=None) -> dict:
                         res[f"{t}_{tag}_bf16_over_intermediate_bf16_{phase}"] = \
                             res[f"{t}_{tag}_bf16_{phase}_s"] / res[f"{t}_intermediate_bf16_{phase}_s"]
             for tag, kind, _ in variants:
-                if kind == "gencomm" and phase == "train_step":
-                    res[f"{t}_{tag}_over_intermediate_forward_gflops"] = \
-                        res[f"{t}_{tag}_forward_gflops"] / res[f"{t}_intermediate_forward_gflops"]
                 if kind == "gencomm":
                     for other in ("intermediate", "none"):
                         res[f"{t}_{tag}_over_{other}_{phase}"] = \

@@ -126,7 +126,10 @@ def _listing(paths: Sequence[Path]) -> Tuple[str, int]:
     h, n = hashlib.sha256(), 0
     for top in paths:
         top = Path(top)
-        files = [top] if top.is_file() else sorted(f for f in top.rglob("*") if f.is_file()) if top.is_dir() else []
+        if top.is_dir():
+            files = sorted(f for f in top.rglob("*") if f.is_file())
+        else:
+            files = [top] if top.is_file() else []
         if not files:
             h.update(f"missing {top}\n".encode())
         for f in files:

@@ -172,7 +172,7 @@ class _Probe(nn.Module):
 
 
 def flops_during(modules: Sequence[nn.Module], run: Callable[[], object]) -> int:
-    """FLOPs of the layers of ``modules`` (a layer two of them share hooked once) while ``run()`` runs, e.g. one forward
-    pass of the model that holds them: what those parts cost inside a real pass, where their inputs
-    come from the rest of the model. Eval mode, no gradients, as :func:`profile_flops`."""
+    """FLOPs of the layers of ``modules`` (a layer two of them share hooked once) while ``run()``
+    runs, e.g. one forward pass of the model that holds them: what those parts cost inside a real
+    pass, where their inputs come from the rest of the model. Eval mode, no gradients, as :func:`profile_flops`."""
     return profile_flops(_Probe(modules, run), ()).flops

@@ -8,7 +8,7 @@ trains. Methods register with ``@ONBOARDING.register(name)`` in their module.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
+from typing import ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
