@@ -368,8 +368,13 @@ def config_to_dict(obj) -> Any:
 
 
 def dump_config(obj, path) -> None:
-    """Write the resolved config to ``path`` as YAML (atomically)."""
+    """Write the resolved config to ``path`` as YAML (atomically). A file that already holds exactly
+    this text is left untouched, so resuming a run keeps its config's mtime (what a resumed main job
+    checks before skipping an evaluation of the run)."""
     path = Path(path)
+    text = yaml.safe_dump(config_to_dict(obj), sort_keys=False)
+    if path.is_file() and path.read_text() == text:
+        return
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(yaml.safe_dump(config_to_dict(obj), sort_keys=False))
+    tmp.write_text(text)
     tmp.replace(path)

@@ -1,4 +1,5 @@
 """Config loading: base includes, unknown keys, type checks, overrides, round trip."""
+import os
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional, Tuple
 
@@ -99,6 +100,12 @@ def test_dump_and_reload_round_trip(tmp_path):
     again = load_config(out, Schema)
     assert again == cfg
     assert config_to_dict(again)["train"]["milestones"] == [2, 4]
+    written = out.stat().st_mtime_ns
+    os.utime(out, ns=(written - 10**9, written - 10**9))
+    dump_config(cfg, out)  # the same config again (a resumed run): the file is left as it was
+    assert out.stat().st_mtime_ns == written - 10**9
+    dump_config(load_config(p, Schema, ["train.batch_size=8"]), out)  # another config is written
+    assert load_config(out, Schema).train.batch_size == 8
 
 
 def test_circular_base_and_missing_file(tmp_path):

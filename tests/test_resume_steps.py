@@ -136,3 +136,24 @@ def test_an_edit_of_the_code_redoes_the_step_and_an_edit_of_the_docs_does_not(wo
     (src / "opencood_ext" / "mod.py").write_text("x = 2\n")
     reproduce._run(_step(tmp_path, data), **kw)
     assert _ran(tmp_path) == 2
+
+
+def test_rerunning_a_finished_training_keeps_its_evaluation_skipped(tmp_path, caplog):
+    """The main job's real order on a rerun: tools/train.py finds the run done (and rewrites nothing it
+    read), then the evaluation is skipped."""
+    from opencood_ext.cli import train
+    from tiny_runs import PP, tiny_config, tiny_dataset
+
+    data = tiny_dataset(tmp_path / "data")
+    cfg = tiny_config(tmp_path, data, "none_m1", {"m1": PP}, {"fusion": "none"})
+    run = tmp_path / "run"
+    argv = ["-y", str(cfg), "--model_dir", str(run), "--set", "train.val_every=0"]
+    assert train.main(argv) == 0
+    profile = reproduce.Profile(scenarios=1, frames=1, overrides=[f"data.root={data}", "eval.max_frames=2",
+                                                                  "eval.plot_every=0"])
+    caplog.set_level(logging.INFO, logger="gencomm.reproduce")
+    reproduce.evaluate_run(run, "none", profile)
+    assert train.main(argv) == 0  # done: resumes, trains nothing
+    caplog.clear()
+    reproduce.evaluate_run(run, "none", profile)
+    assert "skip (done" in caplog.text
