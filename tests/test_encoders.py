@@ -100,8 +100,13 @@ def test_second_cpu_shim_and_backward():
 
 def test_second_runs_under_mixed_precision():
     """train.amp: spconv has no bf16 kernels, so the sparse part stays float32 inside autocast and the
-    dense BEV backbone after it computes in bf16; the result equals float32 to bf16 precision."""
-    torch.manual_seed(0)  # the weights: after other tests' draws they can give a near-zero map, where bf16 is all noise
+    dense BEV backbone after it computes in bf16; the result equals float32 to bf16 precision.
+
+    Measured as the relative error of the whole map (||got - want|| / ||want||), which floating point
+    makes independent of the map's scale: an element-wise tolerance fails on another CPU's kernels for
+    a few elements near zero (this randomly initialised SECOND gives |x| <= 1e-5). Over 30 weight seeds
+    the error is 0.33-0.48% (bf16 keeps 8 bits: 0.39% per rounding); 3% leaves a margin of 6."""
+    torch.manual_seed(0)
     stack = _stack({"type": "second", "voxel_size": [0.2, 0.2, 0.25], "channels": [8, 16, 16],
                     "blocks": [1, 1, 1], "out_z_channels": 16},
                    dict(BACKBONE, layer_strides=[1, 2], upsample_strides=[1, 2])).eval()
@@ -110,8 +115,9 @@ def test_second_runs_under_mixed_precision():
         want = stack(data).bev
         with torch.autocast("cpu", dtype=torch.bfloat16):
             got = stack(data).bev
-    assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.05 * want.abs().max().item())
+    assert got.dtype == torch.bfloat16 and want.norm() > 0
+    relative_error = ((got.float() - want).norm() / want.norm()).item()
+    assert relative_error < 0.03, f"bf16 map differs from float32 by {relative_error:.2%} of its norm"
 
 
 def test_second_out_channels_follow_depth():
