@@ -7,7 +7,9 @@ Dependencies are compatible ranges, never the CPU builds of the development
 machine (those pins live in ``requirements.txt``, which ``scripts/setup_env.sh``
 installs before ``pip install --no-deps -e .``):
 
-* torch: install the build for your machine first (CUDA or CPU); any torch >= 2.1.
+* torch: install the build for your machine first (CUDA or CPU); torch >= 2.6: checkpoints load with
+  ``torch.load(weights_only=True)``, which torch before 2.6 let a crafted file bypass
+  (CVE-2025-32434).
 * spconv is NOT declared: its CUDA builds are other distributions
   (``spconv-cu126``, ...) that provide the same ``spconv`` module, so declaring
   ``spconv`` would pull the CPU build onto a GPU machine. Install
@@ -28,7 +30,7 @@ from setuptools import find_packages, setup
 HERE = Path(__file__).parent
 
 INSTALL_REQUIRES = [
-    "torch>=2.1",
+    "torch>=2.6",  # weights_only loading: CVE-2025-32434 before 2.6
     "numpy>=1.24",
     "pyyaml>=6.0",
     "tqdm>=4.66",

@@ -190,7 +190,9 @@ def test_services_images_pinned_and_on_gpus(compose):
 
 def test_carla_service(compose):
     carla = compose["services"]["carla"]
-    assert "2000-2002:2000-2002" in carla["ports"]
+    # published on the loopback interface only: CARLA's RPC port takes any client's commands
+    assert carla["ports"] == ["127.0.0.1:2000-2002:2000-2002"]
+    assert all(str(p).startswith("127.0.0.1:") for p in carla["ports"])
     cmd = carla["command"]
     assert "CarlaUE4.sh" in cmd and "-RenderOffScreen" in cmd
     assert "healthcheck" in carla

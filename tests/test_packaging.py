@@ -72,7 +72,9 @@ def test_wheel_metadata_ranges_extras_scripts_and_rig(wheel):
     assert core and not [r for r in core if "==" in r], core
     assert {_name(r) for r in core} >= {"torch", "numpy", "pyyaml", "diffusers", "matplotlib"}
     assert not {_name(r) for r in core} & {"spconv", "open3d", "open3d-cpu", "scipy", "carla"}
-    assert any(re.fullmatch(r"torch>=2\.\d+", r.replace(" ", "")) for r in core), core
+    torch_min = [m for r in core if (m := re.fullmatch(r"torch>=2\.(\d+)", r.replace(" ", "")))]
+    # weights_only loading had a published bypass before torch 2.6 (CVE-2025-32434)
+    assert torch_min and int(torch_min[0].group(1)) >= 6, core
     assert set(extra["sim"]) == {"open3d", "scipy"} and extra["carla"] == ["carla"] and "pytest" in extra["test"]
     for script in SCRIPTS:
         assert re.search(rf"^{script} = [\w.]+:\w+$", entry, re.M), (script, entry)
@@ -174,3 +176,16 @@ def test_models_without_spconv_say_what_to_install(tmp_path):
     res = _run_python(code, tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "spconv-cu126" in res.stdout and "pip install spconv" in res.stdout
+
+
+def test_setup_requires_a_torch_whose_weights_only_load_holds():
+    """Checkpoints load with ``torch.load(weights_only=True)``; before torch 2.6 a crafted file
+    could run code through it (CVE-2025-32434), so setup.py may not allow an older torch (read
+    from setup.py itself: no wheel build needed)."""
+    import ast
+    tree = ast.parse((REPO / "setup.py").read_text())
+    reqs = next(ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                and any(getattr(t, "id", None) == "INSTALL_REQUIRES" for t in node.targets))
+    torch_req = [r.replace(" ", "") for r in reqs if re.match(r"torch\b", r)]
+    assert len(torch_req) == 1 and (m := re.fullmatch(r"torch>=(\d+)\.(\d+)", torch_req[0])), torch_req
+    assert (int(m.group(1)), int(m.group(2))) >= (2, 6), torch_req
