@@ -10,7 +10,13 @@
 tools/import_config.py). Every reference module must map onto ours: a module
 whose structure differs (docs/interop.md) is refused, naming the reference
 keys nobody took and our modules nobody filled. Writes config.yaml,
-checkpoints/best.pth and import_report.json.
+checkpoints/best.pth and import_report.json; refuses a folder where training
+has started. A reference file that asks to call anything (not a plain
+state_dict) is refused, naming the callable; nothing in it runs.
+
+Training in the folder (python tools/train.py --model_dir runs/imported)
+fine-tunes: it starts from the imported weights and keeps them, byte for byte,
+as checkpoints/imported.pth.
 """
 from __future__ import annotations
 
@@ -23,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gencomm  # noqa: E402,F401  (registers the GenComm link with opencood_ext)
 
 from opencood_ext.config import ConfigError  # noqa: E402
-from opencood_ext.interop.runs import (find_reference_checkpoint, import_weights,  # noqa: E402
-                                       load_experiment_any, write_imported_run)
+from opencood_ext.interop.runs import (check_import_target, find_reference_checkpoint,  # noqa: E402
+                                       import_weights, load_experiment_any, write_imported_run)
 
 
 def main(argv=None) -> int:
@@ -37,6 +43,7 @@ def main(argv=None) -> int:
                    help="override a value of the (converted) config, e.g. --set data.root=/data/OPV2V")
     args = p.parse_args(argv)
     try:
+        check_import_target(args.output)
         ckpt = find_reference_checkpoint(args.reference) if args.reference.is_dir() else args.reference
         config = args.config or (args.reference / "config.yaml" if args.reference.is_dir() else None)
         if config is None:

@@ -2,13 +2,16 @@
 
     gencomm-train -y configs/sim/m1_none.yaml
     gencomm-train --model_dir runs/NAME                                # resume from latest.pth
+    gencomm-train --model_dir runs/IMPORTED                            # fine-tune imported weights
     torchrun --nproc_per_node=2 --no-python gencomm-train -y CONFIG    # DDP (gloo on CPU, nccl on GPU)
 
 From a checkout, ``python tools/train.py`` (also under torchrun) runs the same command.
 
 The run folder holds the resolved ``config.yaml``, ``checkpoints/`` (every epoch,
 ``latest.pth``, ``best.pth``; written atomically), tensorboard scalars in ``tb/``
-and ``train_log.jsonl``.
+and ``train_log.jsonl``. A folder written by tools/import_weights.py trains from
+its imported weights, kept as ``checkpoints/imported.pth``. A resume whose
+checkpoint does not fit the model stops with one line (exit 2) and changes no file.
 """
 from __future__ import annotations
 

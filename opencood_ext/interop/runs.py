@@ -78,9 +78,23 @@ def load_any_run(run_dir, overrides: Sequence[str] = (),
     return cfg, model
 
 
+def check_import_target(run_dir) -> None:
+    """Refuse (:class:`WeightImportError`, one line) an output folder where training has
+    started: importing would overwrite its config.yaml and best.pth. A folder holding only an
+    earlier import (its best.pth) may be imported into again."""
+    paths = CheckpointPaths(run_dir)
+    started = [p for p in [paths.latest, paths.imported, *paths.epoch_files().values()] if p.is_file()]
+    if started:
+        raise WeightImportError(f"{run_dir}: training has started in this run folder ({started[0].name}); "
+                                "importing would overwrite its config.yaml and best.pth. Give another -o")
+
+
 def write_imported_run(cfg: ExperimentConfig, model: CooperativeDetector, mapping: WeightMapping, source,
                        run_dir) -> Path:
-    """A run folder our tools open: config.yaml, checkpoints/best.pth (atomic), import_report.json."""
+    """A run folder our tools open: config.yaml, checkpoints/best.pth (atomic), import_report.json.
+
+    Training in the folder (tools/train.py --model_dir) starts from these weights and keeps
+    the file, byte for byte, as checkpoints/imported.pth (see training/runfolder.py)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.yaml")

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
+from ..training.checkpoint import CheckpointError, UnsafeCheckpointError, safe_torch_load
 from .layouts import DIFFERENCES, LAYOUTS, REFERENCE_MODULES, SLOTS, Layout, Transform, layout_for
 
 __all__ = ["WeightImportError", "Layout", "LAYOUTS", "SLOTS", "DIFFERENCES", "Slot", "slots", "WeightMapping",
@@ -255,12 +257,14 @@ def export_reference_state(model: nn.Module, partial: bool = False) -> Tuple[Dic
 def read_reference_checkpoint(path) -> Dict[str, Tensor]:
     """A reference ``net_epoch*.pth``: a state_dict (possibly under 'state_dict' / 'model', possibly with
     DataParallel's 'module.' prefix). Loaded with ``weights_only=True``: tensors only, nothing executed."""
+    if not Path(path).is_file():
+        raise WeightImportError(f"reference checkpoint not found: {path}")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise WeightImportError(f"reference checkpoint not found: {path}") from None
-    except Exception as exc:  # torch raises many types for foreign or corrupt archives
-        raise WeightImportError(f"{path}: not a loadable tensor checkpoint ({type(exc).__name__}: {exc})") from None
+        obj = safe_torch_load(Path(path), "cpu")
+    except UnsafeCheckpointError as exc:  # names the refused callable; never advises an unsafe load
+        raise WeightImportError(str(exc)) from None
+    except CheckpointError as exc:
+        raise WeightImportError(f"{exc}; not a loadable tensor checkpoint") from None
     for key in ("state_dict", "model_state_dict", "model"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]

@@ -115,7 +115,11 @@ def save_checkpoint(state: Mapping, paths: Iterable[str | os.PathLike]) -> None:
 
 
 def _safe_torch_load(path: Path, map_location):
-    """``torch.load(weights_only=True)``; a refused global raises :class:`UnsafeCheckpointError`."""
+    """``torch.load(weights_only=True)``; a refused global raises :class:`UnsafeCheckpointError`.
+
+    The messages never pass on torch's advice to retry with ``weights_only=False`` (that is
+    the unsafe load the refusal protects against); a refusal names the callable the file
+    asks for instead."""
     try:
         with torch.serialization.safe_globals(_LEGACY_NUMPY_GLOBALS):
             return torch.load(path, map_location=map_location, weights_only=True)
@@ -123,7 +127,7 @@ def _safe_torch_load(path: Path, map_location):
         found = _GLOBAL_NAME.search(str(exc))
         if found is None:
             raise CheckpointError(f"{path}: unreadable checkpoint (UnpicklingError: "
-                                  f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+                                  f"{_unpickler_detail(str(exc))})") from None
         raise UnsafeCheckpointError(
             f"{path}: refused to open: the file asks to call or build {found.group(1)!r}, which a checkpoint "
             f"never needs (it could run arbitrary code); nothing in it was executed. Checkpoints written "
@@ -131,6 +135,19 @@ def _safe_torch_load(path: Path, map_location):
     except Exception as exc:  # torch raises many types for a corrupt archive
         msg = str(exc).splitlines()[0] if str(exc) else ""
         raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {msg})") from None
+
+
+safe_torch_load = _safe_torch_load  # for readers of other checkpoint layouts (interop's reference files)
+
+
+def _unpickler_detail(text: str) -> str:
+    """What torch's weights-only unpickler objected to, without its advice on loading unsafely."""
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    lines = [ln.strip() for ln in text.replace("\033[1m", "").replace("\033[0m", "").splitlines() if ln.strip()]
+    keep = [ln for ln in lines if "weights_only" not in ln and not ln.startswith("Weights only load failed")
+            and "arbitrary code" not in ln]
+    return (keep[0] if keep else "the safe loader refused it")[:300]
 
 
 def load_checkpoint(path: str | os.PathLike, map_location="cpu", required=CHECKPOINT_KEYS) -> dict:
@@ -171,6 +188,12 @@ class CheckpointPaths:
     @property
     def best(self) -> Path:
         return self.dir / "best.pth"
+
+    @property
+    def imported(self) -> Path:
+        """Weights imported from another code base (tools/import_weights.py): where a fresh run in
+        this folder starts from; training never writes or removes it (see runfolder.py)."""
+        return self.dir / "imported.pth"
 
     def epoch_files(self) -> Dict[int, Path]:
         """Existing ``epoch_{n}.pth`` files by n."""
@@ -265,6 +288,40 @@ def check_weights_fit(model: nn.Module, weights: Mapping[str, torch.Tensor], pat
         ([f"{len(unexpected)} checkpoint key(s) not in the model: {_few(unexpected)}"] if unexpected else [])
     raise CheckpointError(f"{path}: field 'model' does not fit the {type(model).__name__} built from this "
                           f"config (was it trained with other model settings?): " + "; ".join(parts))
+
+
+def check_optimizer_fits(optimizer: torch.optim.Optimizer, saved, path) -> None:
+    """Raise a one-line :class:`CheckpointError` naming ``path`` when ``saved`` (an optimizer
+    state dict) cannot be loaded into ``optimizer``: other parameter groups, other parameter
+    counts, or per-parameter state (e.g. Adam's ``exp_avg``) of another shape than the
+    parameter it belongs to. Changes nothing; ``load_state_dict`` alone checks only the counts,
+    and a wrong shape would fail (or broadcast) at the first step."""
+    where = f"{path}: field 'optimizer' does not fit this run (different trainable parameters?)"
+    if not isinstance(saved, Mapping) or not isinstance(saved.get("param_groups"), list) \
+            or not isinstance(saved.get("state"), Mapping):
+        raise CheckpointError(f"{where}: expected a dict with 'state' and 'param_groups'")
+    groups = optimizer.param_groups
+    if len(saved["param_groups"]) != len(groups):
+        raise CheckpointError(f"{where}: {len(saved['param_groups'])} parameter group(s), "
+                              f"this run has {len(groups)}")
+    params = {}
+    for i, (theirs, ours) in enumerate(zip(saved["param_groups"], groups)):
+        ids = theirs.get("params") if isinstance(theirs, Mapping) else None
+        if not isinstance(ids, list) or len(ids) != len(ours["params"]):
+            have = len(ids) if isinstance(ids, list) else "no"
+            raise CheckpointError(f"{where}: group {i} holds {have} parameter(s), this run trains "
+                                  f"{len(ours['params'])}")
+        params.update(zip(ids, ours["params"]))
+    for pid, entry in saved["state"].items():
+        if pid not in params:
+            raise CheckpointError(f"{where}: state for parameter id {pid}, which no group lists")
+        if not isinstance(entry, Mapping):
+            raise CheckpointError(f"{where}: state of parameter {pid} is a {type(entry).__name__}, not a dict")
+        want = tuple(params[pid].shape)
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != want:
+                raise CheckpointError(f"{where}: state {name!r} of parameter {pid} has shape "
+                                      f"{tuple(value.shape)}, the parameter {want}")
 
 
 def load_model_state(model: nn.Module, path: str | os.PathLike,

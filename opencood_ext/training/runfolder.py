@@ -23,6 +23,19 @@ the run starts again:
   from that epoch's file, or removed when it came from an uncommitted epoch and
   that file is gone.
 
+Nothing is changed before the check passes: the resume point is found by
+reading only, and the clean-up above runs only after the caller's ``check``
+(the Trainer loads the model, optimizer and scheduler states) has accepted it.
+A checkpoint that does not fit the model leaves every file of the folder
+byte-identical (the lock file's text included: :meth:`WriterLock.release`).
+
+Imported weights (tools/import_weights.py writes them as best.pth, with a
+field ``imported_from`` and no ``epoch``): without a resume point, a run starts
+from them (fine-tuning) once they fit the model, and the file is renamed to
+``checkpoints/imported.pth`` (its bytes unchanged), which training never
+writes or removes; best.pth is then the best of the epochs trained here. A
+restart before the first checkpoint starts from imported.pth again.
+
 One writer at a time: rank 0 holds an exclusive lock on ``<run>/.writer.lock``
 (:class:`WriterLock`) from the start until training ends. A second process
 asked to train into the same folder stops with :class:`RunFolderBusy` before it
@@ -37,9 +50,10 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
-from .checkpoint import CheckpointError, CheckpointPaths, UnsafeCheckpointError, atomic_write_bytes, load_checkpoint
+from .checkpoint import (CheckpointError, CheckpointPaths, UnsafeCheckpointError, _fsync_dir, atomic_write_bytes,
+                         load_checkpoint)
 from .runlog import truncate_log
 
 log = logging.getLogger("opencood_ext.training")
@@ -75,12 +89,21 @@ class WriterLock:
                                 "two writers would interleave its checkpoints and train_log.jsonl. "
                                 "Wait for it to finish, stop it, or give another output folder") from None
         self._file.seek(0)
+        self._previous = self._file.read()
+        self._file.seek(0)
         self._file.truncate()
         self._file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
         self._file.flush()
 
-    def release(self) -> None:
+    def release(self, restore: bool = False) -> None:
+        """Unlock. ``restore``: put the text the file held before back first (a start that
+        failed its checks leaves every file of the folder as it found it)."""
         if self._file is not None and not self._file.closed:
+            if restore:
+                self._file.seek(0)
+                self._file.truncate()
+                self._file.write(self._previous)
+                self._file.flush()
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
 
@@ -173,17 +196,66 @@ def reconcile_best(paths: CheckpointPaths, state: Optional[dict]) -> None:
                     paths.best, have)
 
 
-def prepare_run_folder(run_dir: Path, map_location="cpu", main: bool = True) -> Optional[Tuple[dict, Path]]:
-    """Clean up after a kill and find the resume point (see the module docstring).
+def find_imported_start(paths: CheckpointPaths, map_location="cpu") -> Optional[Tuple[dict, Path]]:
+    """``(state, file)`` of the imported weights a fresh run in this folder starts from, or None.
 
-    Every rank calls it (each loads the resume state); only ``main`` (rank 0) changes files.
+    ``checkpoints/imported.pth`` once a run has started here; before that, the ``best.pth``
+    tools/import_weights.py wrote (a field ``imported_from`` and no ``epoch``). Reads only.
+    """
+    if paths.best.is_file():
+        try:
+            state = load_checkpoint(paths.best, map_location=map_location, required=())
+        except UnsafeCheckpointError:
+            raise
+        except CheckpointError:
+            state = {}  # unreadable: not imported weights to start from (reconcile_best reports it)
+        if "imported_from" in state and "epoch" not in state:
+            if not isinstance(state.get("model"), dict):
+                raise CheckpointError(f"{paths.best}: imported weights without a field 'model'")
+            if paths.imported.is_file() and paths.imported.read_bytes() != paths.best.read_bytes():
+                raise CheckpointError(f"{paths.best}: holds imported weights ({state['imported_from']}) other "
+                                      f"than {paths.imported.name}, which this run started from; move the "
+                                      f"one not to train from out of {paths.dir}")
+            return state, paths.best
+    if paths.imported.is_file():
+        return load_checkpoint(paths.imported, map_location=map_location, required=("model",)), paths.imported
+    return None
+
+
+def keep_imported(paths: CheckpointPaths, source: Path) -> None:
+    """Make ``source`` (the imported best.pth) checkpoints/imported.pth: renamed, so its bytes stay
+    as they are, and best.pth is left for the epochs this folder trains. A no-op for imported.pth."""
+    if source == paths.imported:
+        return
+    if paths.imported.is_file():  # the same bytes (find_imported_start checked): best.pth is its copy
+        source.unlink()
+    else:
+        os.replace(source, paths.imported)
+        _fsync_dir(paths.dir)
+    log.info("training starts from the imported weights; kept them as %s", paths.imported)
+
+
+def prepare_run_folder(run_dir: Path, map_location="cpu", main: bool = True,
+                       check: Optional[Callable[[Optional[Tuple[dict, Path]], Optional[Tuple[dict, Path]]], None]]
+                       = None) -> Tuple[Optional[Tuple[dict, Path]], Optional[Tuple[dict, Path]]]:
+    """Find the resume point (or, for a fresh run, the imported weights to start from), let
+    ``check`` verify it, then clean up after a kill (see the module docstring).
+
+    Returns ``(resume, imported)``: ``(state, file)`` or None each; ``imported`` only when
+    there is no resume point. ``check(resume, imported)`` runs before any file changes: when it
+    raises (e.g. the checkpoint does not fit the model), every file is left as it was. Every
+    rank calls it (each loads the state); only ``main`` (rank 0) changes files.
     """
     paths = CheckpointPaths(run_dir)
+    found = find_resume_state(paths, map_location)
+    imported = None if found is not None else find_imported_start(paths, map_location)
+    if check is not None:
+        check(found, imported)
     if main:
         clean_stale_tmp(Path(run_dir), paths.dir)
-    found = find_resume_state(paths, map_location)
-    if main:
+        if imported is not None:
+            keep_imported(paths, imported[1])
         state = found[0] if found else None
         truncate_log(run_dir, state["global_step"] if state else 0, state["epoch"] if state else 0)
         reconcile_best(paths, state)
-    return found
+    return found, imported

@@ -68,8 +68,8 @@ from tqdm import tqdm
 
 from ..models.losses import LossOutput
 from . import distributed as D
-from .checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointPaths, capture_rng_state, check_weights_fit,
-                         restore_rng_state, save_checkpoint, seed_everything)
+from .checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointPaths, capture_rng_state, check_optimizer_fits,
+                         check_weights_fit, restore_rng_state, save_checkpoint, seed_everything)
 from .freeze import PolicyLike, resolve_policy
 from .runfolder import WriterLock, prepare_run_folder
 from .runlog import RunLog
@@ -202,31 +202,45 @@ class Trainer:
 
     def restore(self) -> bool:
         """Load the run folder's resume point (if any) into model, optimizer, scheduler,
-        counters and RNG; True when there was one. ``fit()`` calls it; call it earlier to find
-        out whether the run folder fits this model before writing anything (tools/train.py
-        does, before it saves config.yaml). A checkpoint that does not fit raises a one-line
-        :class:`CheckpointError` naming the file and the keys. Idempotent."""
+        counters and RNG; True when there was one. Without one, a folder holding imported
+        weights (tools/import_weights.py) gives the model its starting weights (fine-tuning;
+        still False: a fresh run). ``fit()`` calls it; call it earlier to find out whether the
+        run folder fits this model before writing anything (tools/train.py does, before it
+        saves config.yaml). A checkpoint that does not fit raises a one-line
+        :class:`CheckpointError` naming the file and the keys, and leaves every file of the
+        folder as it was: the clean-up after a kill (runfolder.py) runs only once the
+        checkpoint has loaded. Idempotent."""
         if self.dist.is_main and self._lock is None:
             self._lock = WriterLock(self.run_dir)  # RunFolderBusy while another process trains here
         if self._restored is None:
             try:
                 self._restored = self._resume()
             except BaseException:
-                self._release()
+                self._release(restore=True)
                 raise
         return self._restored
 
-    def _release(self) -> None:
+    def _release(self, restore: bool = False) -> None:
         if self._lock is not None:
-            self._lock.release()
+            self._lock.release(restore=restore)
             self._lock = None
 
-    def _resume(self) -> bool:
-        found = prepare_run_folder(self.run_dir, map_location=self.device, main=self.dist.is_main)
+    def _load_states(self, found, imported) -> None:
+        """prepare_run_folder's check: load the resume point (or the imported weights) into the
+        model, optimizer, scheduler and scaler, raising a one-line CheckpointError when any of
+        it does not fit. Runs before any file of the folder changes."""
         if found is None:
-            return False
+            if imported is not None:
+                state, path = imported
+                check_weights_fit(self.model, state["model"], path)
+                self.model.load_state_dict(state["model"])
+                if self.dist.is_main:
+                    log.info("starting from the imported weights in %s (%s)", path,
+                             state.get("imported_from", "imported"))
+            return
         state, path = found
         check_weights_fit(self.model, state["model"], path)
+        check_optimizer_fits(self.optimizer, state["optimizer"], path)
         self.model.load_state_dict(state["model"])
         try:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -234,9 +248,16 @@ class Trainer:
                 self.scheduler.load_state_dict(state["scheduler"])
             if self.scaler.is_enabled() and state.get("grad_scaler"):
                 self.scaler.load_state_dict(state["grad_scaler"])
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{path}: field 'optimizer'/'scheduler' does not fit this run "
                                   f"(different trainable parameters or scheduler?): {exc}") from None
+
+    def _resume(self) -> bool:
+        found, _ = prepare_run_folder(self.run_dir, map_location=self.device, main=self.dist.is_main,
+                                      check=self._load_states)
+        if found is None:
+            return False
+        state, path = found
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         self.global_step, self.best_val = state["global_step"], state["best_val"]
         self.history = list(state["history"])
