@@ -2,11 +2,15 @@
 """Summarise a dataset and one of its frames; optionally draw a bird's-eye view.
 
     python tools/inspect_data.py ROOT --format opv2v|dairv2x|v2xreal [--split S]
-        [--frame I] [--json] [--plot out.png] [--mode vc|ic|v2v|i2i]
+        [--frame I] [--json] [--plot out.png] [--mode vc|ic|v2v|i2i] [--strict]
 
 Prints the scenarios, the frame count and, for frame I (default 0), every
 agent with its type, point count, extra beams, cameras, and the ground-truth
-counts. ``--json`` prints the same as JSON on stdout. ``--plot`` draws every
+counts, then every data fault the reader's index-time check found (an agent
+file missing inside its recording span, a stray timestamp, a yaml without its
+point cloud or the reverse; ``opencood_ext.data.faults``), one line each,
+starting with the file. ``--strict``: a fault is an error (exit 2) instead.
+``--json`` prints the same as JSON on stdout. ``--plot`` draws every
 agent's points in the ego (first agent's) LiDAR frame, one colour per agent,
 with the ground-truth boxes; left-handed CARLA frames are drawn with y flipped
 (and the title says so). For ``dairv2x``, ``--split`` is an optional JSON list
@@ -16,14 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-from opencood_ext.data.errors import DataFormatError  # noqa: E402
+from opencood_ext.data.errors import DataFaultWarning, DataFormatError  # noqa: E402
 from opencood_ext.data.formats import READERS, get_reader  # noqa: E402
 from opencood_ext.data.ground_truth import frame_ground_truth  # noqa: E402
 from opencood_ext.geometry import boxes_to_corners, relative_transform, transform_points  # noqa: E402
@@ -49,6 +55,8 @@ def summarise(reader, index: int) -> dict:
         })
     return {
         "scenarios": list(reader.scenarios), "num_frames": len(reader),
+        "faults": [{"kind": f.kind, "path": str(f.path), "problem": f.problem}
+                   for f in getattr(reader, "faults", [])],
         "frame": {"index": index, "scenario": frame.scenario, "timestamp": frame.timestamp,
                   "agents": agents,
                   "gt": {"total": len(gt), "by_class": dict(sorted(Counter(gt.types).items()))}},
@@ -105,6 +113,22 @@ def _print_text(info: dict, args) -> None:
               f"points {a['points']:7d}{' (' + beams + ')' if beams else ''}  cameras: {cams}  "
               f"visible objects {a['visible_objects']}")
     print(f"  ground truth: {f['gt']['total']} boxes {f['gt']['by_class']}")
+    print(f"data faults ({len(info['faults'])})" + (":" if info["faults"] else ""))
+    for fault in info["faults"]:
+        print(f"  [{fault['kind']}] {fault['path']}: {fault['problem']}")
+
+
+def build_reader(fmt: str, root, split, **kw):
+    """The reader, without its own report of the index-time data faults (the tool lists them)."""
+    faults_log = logging.getLogger("opencood_ext.data.faults")
+    level = faults_log.level
+    faults_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DataFaultWarning)
+            return get_reader(fmt, root, split, **kw)
+    finally:
+        faults_log.setLevel(level)
 
 
 def main(argv=None) -> int:
@@ -119,15 +143,19 @@ def main(argv=None) -> int:
                         "modality_assignment.json when present)")
     p.add_argument("--json", action="store_true", help="print JSON on stdout")
     p.add_argument("--plot", type=Path, default=None, help="write a BEV PNG here")
+    p.add_argument("--strict", action="store_true",
+                   help="data faults (missing agent files, stray timestamps, NaN/inf points) are errors")
     args = p.parse_args(argv)
     kw = {"mode": args.mode} if args.mode and args.format == "v2xreal" else {}
+    if args.strict:
+        kw["strict"] = True
     if args.format == "opv2v":
         default_json = args.root / "modality_assignment.json"
         modality = args.modality or (str(default_json) if default_json.exists() else None)
         if modality:
             kw["modality"] = modality
     try:
-        reader = get_reader(args.format, args.root, args.split, **kw)
+        reader = build_reader(args.format, args.root, args.split, **kw)
         info, frame = summarise(reader, args.frame)
     except (DataFormatError, ValueError, IndexError) as exc:
         print(f"error: {exc}", file=sys.stderr)

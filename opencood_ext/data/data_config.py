@@ -46,6 +46,13 @@ class DataConfig:
         points into the ego frame, so its feature already lies on the ego grid and
         nothing is resampled (needs the receiver's pose at the sender; used to
         measure what warping a feature map costs, see README).
+    skip_bad_frames: log and leave out each frame whose files are bad (once), instead of failing.
+    strict: data faults (an agent's yaml or point cloud missing inside its recording span,
+        a timestamp only some agents have, NaN/inf points; ``opencood_ext.data.faults``)
+        are errors naming the file instead of warnings: the dataset refuses a split with
+        layout faults, or with ``skip_bad_frames`` leaves out the frames they concern.
+        Default False: warned about by file (DataFaultWarning and a logged WARNING), the
+        affected agent or points left out; agents entering or leaving a scenario are not faults.
     cache_dir: None (default) parses the source files every epoch; a folder keeps
         each decoded point cloud and yaml's labels there as numpy arrays, checked
         against the source's modification time and size, so later epochs read no
@@ -73,6 +80,7 @@ class DataConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     random_ego: bool = False
     skip_bad_frames: bool = False
+    strict: bool = False
     max_frames: Optional[int] = None
     reader_options: Dict[str, Any] = field(default_factory=dict)
     collaborator_frame: Literal["own", "ego"] = "own"

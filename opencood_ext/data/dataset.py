@@ -23,6 +23,11 @@ an alliance agent). With ``skip_bad_frames`` the sample of such a frame is
 ``None`` (logged once): :func:`~opencood_ext.data.batch.collate_samples` leaves it
 out of its batch, so an epoch sees every good frame exactly once and no frame
 twice.
+
+Data faults (an agent missing inside its recording span, a stray timestamp,
+NaN/inf points; :mod:`~opencood_ext.data.faults`) are warned about by file;
+with ``data.strict`` they are DataFaultErrors (DataFormatErrors), which
+``skip_bad_frames`` handles like any bad frame.
 """
 from __future__ import annotations
 
@@ -132,6 +137,11 @@ class CooperativeDataset(Dataset):
                  latency_frames: int = 0):
         self.reader = reader
         self.cfg = cfg
+        if cfg.strict:
+            set_strict = getattr(reader, "set_strict", None)
+            if set_strict is None:
+                raise ValueError(f"data.strict is set but the reader {type(reader).__name__} has no strict setting")
+            set_strict(True)  # raises the reader's index-time data faults (unless skip_bad leaves them to frames)
         self.train = train
         self.cooperation = cooperation
         self.seed = seed

@@ -1,4 +1,4 @@
-"""The one exception the data layer raises for bad input files."""
+"""The exceptions (and the one warning class) the data layer raises for bad input files."""
 from __future__ import annotations
 
 import re
@@ -43,3 +43,14 @@ def not_utf8(path, exc: UnicodeDecodeError) -> DataFormatError:
 
 class SkippedFrame(DataFormatError):
     """A frame a ``skip_bad`` reader found bad (and logged once): the caller leaves it out."""
+
+
+class DataFaultError(DataFormatError):
+    """A data fault (:mod:`opencood_ext.data.faults`) refused under the strict setting
+    (``data.strict`` or a reader's ``strict=True``): an agent file missing inside the
+    agent's recording, a timestamp only some agents have, non-finite points."""
+
+
+class DataFaultWarning(UserWarning):
+    """The same data faults in the default (non-strict) setting: the data is read on,
+    the fault is named (its file first) once by ``warnings.warn`` and logged as a WARNING."""

@@ -16,7 +16,9 @@ index (read at construction; nothing else is). Per pair:
   Bus are kept. Object ids are the entry's position in the label file, and both
   agents list every kept object as visible (the cooperative label is already a
   union).
-* LiDAR: PCD ``x y z intensity`` with intensity / 256; NaN rows dropped.
+* LiDAR: PCD ``x y z intensity`` with intensity / 256; NaN/inf rows are a data
+  fault as in every reader (:func:`opencood_ext.data.faults.drop_nonfinite`:
+  dropped with a warning naming the file and count, or refused with ``strict``).
 
 The corner order is DAIR's (bottom face ``(+l,+w) (+l,-w) (-l,-w) (-l,+w)``,
 then the top face), the same as :func:`~opencood_ext.geometry.boxes_to_corners`,
@@ -39,7 +41,8 @@ from ..errors import DataFormatError, not_utf8
 from ..frame import VEHICLE_CLASSES, AgentObs, Frame, ObjectLabel
 from .decode_cache import DecodeCache
 from .layout import IndexedReader
-from .pcd import read_pcd
+from ..faults import drop_nonfinite
+from .pcd import decode_pcd
 
 log = logging.getLogger(__name__)
 
@@ -159,13 +162,15 @@ class DairV2XReader(IndexedReader):
         skip_bad: see :mod:`.layout`.
         vehicle_type, infra_type: ``agent_type`` given to the two agents.
         cache_dir: keep decoded point clouds there (:mod:`.decode_cache`); None: no cache.
+        strict: NaN/inf points raise a DataFaultError naming the file instead of being
+            dropped with a DataFaultWarning (:mod:`opencood_ext.data.faults`).
     """
 
     left_handed = False
 
     def __init__(self, root, split_ids: Union[None, str, Path, Sequence[str]] = None, skip_bad: bool = False,
-                 vehicle_type: str = "m1", infra_type: str = "m1", cache_dir=None):
-        super().__init__(skip_bad)
+                 vehicle_type: str = "m1", infra_type: str = "m1", cache_dir=None, strict: bool = False):
+        super().__init__(skip_bad, strict)
         self.cache = None if cache_dir is None else DecodeCache(cache_dir)
         self.root = self._root = Path(root)
         self.vehicle_type, self.infra_type = vehicle_type, infra_type
@@ -227,8 +232,10 @@ class DairV2XReader(IndexedReader):
 
     def _read_points(self, path: Path) -> np.ndarray:
         if self.cache is None:
-            return read_pcd(path, intensity_scale=DAIR_INTENSITY_SCALE)
-        return self.cache.points(path, read_pcd, intensity_scale=DAIR_INTENSITY_SCALE)
+            pts = decode_pcd(path, intensity_scale=DAIR_INTENSITY_SCALE)
+        else:  # the cache keeps the rows as stored: every read reports NaN/inf ones
+            pts = self.cache.points(path, decode_pcd, intensity_scale=DAIR_INTENSITY_SCALE)
+        return drop_nonfinite(pts, path, 4, strict=self.strict)
 
     def _load(self, i: int) -> Frame:
         fid, e, k = self._entries[i]

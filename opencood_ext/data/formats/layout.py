@@ -13,6 +13,15 @@ for a bad one (that would show it twice an epoch):
 :class:`~opencood_ext.data.dataset.CooperativeDataset` turns a skipped frame
 into a ``None`` sample that the collate function and the training and
 evaluation loops leave out.
+
+``strict`` policy (data faults, :mod:`opencood_ext.data.faults`): the
+directory scan (:func:`scan_layout`) also finds agents missing inside their
+recording span, stray timestamps and half-present agent files; ``.faults``
+lists them. By default each is warned about (DataFaultWarning plus a logging
+WARNING naming the file) and the data is read on. With ``strict`` they are
+:class:`~opencood_ext.data.errors.DataFaultError` s: raised at construction,
+or with ``skip_bad`` too, when a frame they concern is loaded (so it is
+skipped like any bad frame).
 """
 from __future__ import annotations
 
@@ -20,9 +29,10 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from ..errors import DataFormatError, SkippedFrame
+from ..faults import AgentStamps, Fault, frame_faults, report_faults
 from ..frame import Frame, sort_agent_ids
 
 log = logging.getLogger(__name__)
@@ -65,29 +75,51 @@ def _int_or_none(name: str) -> Optional[int]:
         return None
 
 
+def scan_layout(split_path: Path, lidar_ext: str = "pcd") -> Dict[str, Dict[int, AgentStamps]]:
+    """``{scenario: {agent_id: AgentStamps(yaml, lidar)}}`` from file names only: the
+    timestamps at which each integer-named agent directory has ``<timestamp>.yaml`` and
+    ``<timestamp>.<lidar_ext>`` (agents and scenarios with neither are left out)."""
+    lidar_name = re.compile(r"^(\d+)\." + re.escape(lidar_ext) + "$")
+    out: Dict[str, Dict[int, AgentStamps]] = {}
+    for scen in sorted(os.scandir(split_path), key=lambda e: e.name):
+        if not scen.is_dir():
+            continue
+        agents: Dict[int, AgentStamps] = {}
+        for ag in os.scandir(scen.path):
+            aid = _int_or_none(ag.name) if ag.is_dir() else None
+            if aid is None:
+                continue
+            names = os.listdir(ag.path)
+            st = AgentStamps(yaml={m.group(1) for m in map(_YAML_NAME.match, names) if m},
+                             lidar={m.group(1) for m in map(lidar_name.match, names) if m})
+            if st.yaml or st.lidar:
+                agents[aid] = st
+        if agents:
+            out[scen.name] = agents
+        else:
+            log.debug("%s: no <agent_id>/<timestamp>.yaml or point-cloud files; scenario ignored", scen.path)
+    return out
+
+
+def yaml_tree(layout: Dict[str, Dict[int, AgentStamps]]) -> Dict[str, Dict[int, List[str]]]:
+    """The :func:`scan_scenarios` view of a :func:`scan_layout`: agents with a yaml, their yaml timestamps."""
+    out: Dict[str, Dict[int, List[str]]] = {}
+    for scen, agents in layout.items():
+        tree = {a: sorted(st.yaml) for a, st in agents.items() if st.yaml}
+        if tree:
+            out[scen] = tree
+        else:
+            log.debug("scenario %s: point clouds but no <agent_id>/<timestamp>.yaml files; no frames", scen)
+    return out
+
+
 def scan_scenarios(split_path: Path) -> Dict[str, Dict[int, List[str]]]:
     """``{scenario: {agent_id: [timestamp, ...]}}`` from file names only.
 
     Agent directories are the integer-named sub-directories of a scenario; a
     timestamp exists for an agent when ``<timestamp>.yaml`` does.
     """
-    out: Dict[str, Dict[int, List[str]]] = {}
-    for scen in sorted(os.scandir(split_path), key=lambda e: e.name):
-        if not scen.is_dir():
-            continue
-        agents: Dict[int, List[str]] = {}
-        for ag in os.scandir(scen.path):
-            aid = _int_or_none(ag.name) if ag.is_dir() else None
-            if aid is None:
-                continue
-            stamps = sorted(m.group(1) for m in (_YAML_NAME.match(f) for f in os.listdir(ag.path)) if m)
-            if stamps:
-                agents[aid] = stamps
-        if agents:
-            out[scen.name] = agents
-        else:
-            log.debug("%s: no <agent_id>/<timestamp>.yaml files; scenario ignored", scen.path)
-    return out
+    return yaml_tree(scan_layout(split_path))
 
 
 def frame_keys(scenarios: Dict[str, Dict[int, List[str]]]) -> List[Tuple[str, str, Tuple[int, ...]]]:
@@ -111,11 +143,45 @@ class IndexedReader:
     ``frame_path(i)``.
     """
 
-    def __init__(self, skip_bad: bool = False):
+    def __init__(self, skip_bad: bool = False, strict: bool = False):
         self.skip_bad = bool(skip_bad)
+        self.strict = bool(strict)
         self.skipped = 0
         self._bad: Dict[int, str] = {}  # frame index -> why it is bad
         self._root: Path = Path(".")
+        self.faults: List[Fault] = []  # index-time data faults (opencood_ext.data.faults)
+        self._frame_faults: Dict[Tuple[str, str], List[Fault]] = {}
+        self._faults_where: Path = Path(".")
+
+    # ------------------------------------------------------------------ data faults
+    def _set_faults(self, faults: List[Fault], where: Path, indexed: Set[Tuple[str, str]]) -> None:
+        """Keep the index-time ``faults`` and apply the policy (see :mod:`opencood_ext.data.faults`):
+        warn (default), raise (strict), or with strict and skip_bad leave them to the frames they
+        concern (warning now about those of frames not indexed, which no load will meet)."""
+        self.faults = list(faults)
+        self._faults_where = Path(where)
+        self._frame_faults = frame_faults(self.faults)
+        if not self.strict:
+            report_faults(self.faults, where, strict=False)
+        elif not self.skip_bad:
+            report_faults(self.faults, where, strict=True)
+        else:
+            report_faults([f for f in self.faults if (f.scenario, f.timestamp) not in indexed], where, strict=False)
+
+    def set_strict(self, strict: bool = True) -> None:
+        """Turn the strict setting on (or off) after construction, as ``data.strict`` does: from
+        now on a fault is a DataFaultError; without skip_bad, index-time faults found at
+        construction (and warned about then) are raised at once."""
+        was, self.strict = self.strict, bool(strict)
+        if self.strict and not was and not self.skip_bad:
+            report_faults(self.faults, self._faults_where, strict=True)
+
+    def _check_frame_faults(self, scenario: str, timestamp: str) -> None:
+        """Strict: a frame with an index-time fault raises it (skip_bad then leaves the frame out)."""
+        found = self._frame_faults.get((scenario, timestamp)) if self.strict else None
+        if found:
+            more = f" [and {len(found) - 1} more fault(s) in this frame]" if len(found) > 1 else ""
+            raise found[0].error(more)
 
     def __len__(self) -> int:  # pragma: no cover - abstract
         raise NotImplementedError

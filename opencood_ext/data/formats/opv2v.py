@@ -8,7 +8,10 @@ agent directory first, then in the parallel ``hetero_root`` tree.
 Frames are indexed at construction from file names only (no yaml or pcd is
 parsed); one frame is one timestamp of one scenario with every agent that has
 ``<timestamp>.yaml``, agents ordered vehicles by id then RSUs (``agents[0]`` is
-the default ego). Coordinates stay in CARLA's left-handed frame. See
+the default ego). The same scan checks the agents x timestamps of each scenario
+for data faults (:mod:`opencood_ext.data.faults`: an agent missing inside its
+recording span, a stray timestamp, a yaml without its point cloud or the
+reverse), warned about by file or, with ``strict``, raised. Coordinates stay in CARLA's left-handed frame. See
 :mod:`.opv2v_io` for the camera and depth conventions and :mod:`.layout` for
 ``skip_bad``.
 """
@@ -24,10 +27,11 @@ from ...geometry import pose_to_matrix
 from ..errors import DataFormatError, not_utf8
 from ..frame import AgentObs, CameraObs, Frame, ObjectLabel, sort_agent_ids
 from .decode_cache import DecodeCache
-from .layout import IndexedReader, frame_keys, hetero_tree, scan_scenarios, split_dir
+from ..faults import drop_nonfinite, layout_faults
+from .layout import IndexedReader, frame_keys, hetero_tree, scan_layout, split_dir, yaml_tree
 from .opv2v_io import (CAMERA_KEY, as_array, camera_indices, existing, load_agent_yaml, parse_camera,
                        parse_objects, read_depth_png, read_rgb_png, require)
-from .pcd import read_pcd
+from .pcd import decode_pcd
 
 LAYOUT = "<root>/<split>/<scenario>/<agent_id>/<timestamp>.pcd + .yaml"
 IN_ORDER_TYPES = ("m1", "m2", "m3", "m4")
@@ -112,6 +116,10 @@ class OPV2VReader(IndexedReader):
         load_depth: read ``_depth{i}.png`` into ``CameraObs.depth`` when present.
         load_beams: read ``_32.pcd`` / ``_16.pcd`` into ``AgentObs.lidar_beams``.
         skip_bad: see :mod:`.layout`.
+        strict: data faults (an agent file missing inside the agent's recording span, a
+            timestamp only some agents have, NaN/inf points) raise a DataFaultError naming
+            the file instead of a DataFaultWarning (see :mod:`opencood_ext.data.faults`);
+            ``.faults`` lists the index-time ones either way.
         allowed_types: modality names accepted in the assignment.
         max_agents: keep at most this many agents per frame (the first after sorting).
         cache_dir: keep decoded point clouds and yaml labels there as arrays
@@ -119,12 +127,14 @@ class OPV2VReader(IndexedReader):
     """
 
     left_handed = True  # CARLA frame: plots flip y
+    lidar_ext = "pcd"  # <timestamp>.<lidar_ext> is an agent's main point cloud
+    lidar_columns = 4  # leading columns of a scan that must be finite (x, y, z, intensity)
 
     def __init__(self, root, split: str, modality: Modality = None, hetero_root=None,
                  load_cameras: bool = True, load_depth: bool = True, load_beams: bool = True,
                  skip_bad: bool = False, allowed_types: Optional[Iterable[str]] = None,
-                 max_agents: Optional[int] = None, cache_dir=None):
-        super().__init__(skip_bad)
+                 max_agents: Optional[int] = None, cache_dir=None, strict: bool = False):
+        super().__init__(skip_bad, strict)
         self.cache = None if cache_dir is None else DecodeCache(cache_dir)
         self.root = self._root = Path(root)
         self.split = str(split)
@@ -133,13 +143,16 @@ class OPV2VReader(IndexedReader):
             raise ValueError(f"max_agents must be >= 1, got {max_agents}")
         self.max_agents = None if max_agents is None else int(max_agents)
         self._split_dir = split_dir(self.root, self.split, LAYOUT)
-        self._tree = scan_scenarios(self._split_dir)
+        layout = scan_layout(self._split_dir, self.lidar_ext)
+        self._tree = yaml_tree(layout)
         keys = frame_keys(self._tree)
         if not keys:
             raise DataFormatError(self._split_dir, f"no frames found (expected {LAYOUT})")
         if self.max_agents is not None:
             keys = [(s, t, a[:self.max_agents]) for s, t, a in keys]
         self._keys = keys
+        self._set_faults(layout_faults(self._split_dir, layout, self.lidar_ext), self._split_dir,
+                         {(s, t) for s, t, _ in keys})
         if hetero_root is not None and not Path(hetero_root).is_dir():
             raise DataFormatError(hetero_root, "hetero_root does not exist or is not a directory")
         self.hetero_root = Path(hetero_root) if hetero_root is not None else default_hetero_root(self.root)
@@ -175,11 +188,18 @@ class OPV2VReader(IndexedReader):
         het = None if self.hetero_root is None else self.hetero_root / self.split / scenario / str(agent_id)
         return main, het
 
-    def _read_points(self, path: Path, read=read_pcd, **kw) -> np.ndarray:
+    def _read_points(self, path: Path, read=decode_pcd, **kw) -> np.ndarray:
+        """Decoded points of ``path`` as stored (cached when ``cache_dir`` is set), rows with
+        NaN/inf values included: :meth:`_finite` drops (or refuses) them after the cache, so
+        every read reports them."""
         return read(path, **kw) if self.cache is None else self.cache.points(path, read, **kw)
 
+    def _finite(self, points: np.ndarray, path: Path) -> np.ndarray:
+        return drop_nonfinite(points, path, self.lidar_columns, strict=self.strict)
+
     def _load_lidar(self, agent_dir: Path, ts: str) -> np.ndarray:
-        return self._read_points(agent_dir / f"{ts}.pcd")
+        path = agent_dir / f"{ts}.{self.lidar_ext}"
+        return self._finite(self._read_points(path), path)
 
     def _cameras(self, d: dict, yaml_path: Path, main: Path, het: Optional[Path], ts: str) -> List[CameraObs]:
         if not self.load_cameras:
@@ -205,7 +225,7 @@ class OPV2VReader(IndexedReader):
         for n in BEAM_COUNTS:
             p = existing(main / f"{ts}_{n}.pcd", None if het is None else het / f"{ts}_{n}.pcd")
             if p is not None:
-                out[n] = self._read_points(p)
+                out[n] = self._finite(self._read_points(p), p)
         return out
 
     def _load_agent(self, scenario: str, agent_id: int, ts: str) -> Tuple[AgentObs, Dict[int, ObjectLabel]]:
@@ -224,6 +244,7 @@ class OPV2VReader(IndexedReader):
 
     def _load(self, i: int) -> Frame:
         scenario, ts, agent_ids = self._keys[i]
+        self._check_frame_faults(scenario, ts)
         agents, objects = [], {}
         for aid in agent_ids:
             agent, objs = self._load_agent(scenario, aid, ts)

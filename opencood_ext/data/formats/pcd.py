@@ -12,8 +12,12 @@ binary_compressed``, write OPV2V's encoding.
   the data: 1 if every value is <= 1, else 255, 65535 or the maximum.
 
 Fields may come in any order; other fields are ignored; SIZE / TYPE / COUNT
-are honoured (F2/F4/F8, U1..U8, I1..I8). Rows with a NaN or infinite x, y or z
-(or a NaN intensity) are dropped and the count is logged. A file with neither
+are honoured (F2/F4/F8, U1..U8, I1..I8). Rows with a NaN or infinite x, y, z or
+intensity are a data fault (:func:`opencood_ext.data.faults.drop_nonfinite`):
+dropped with a DataFaultWarning and a logged WARNING naming the file and the
+count, or with ``strict=True`` refused with a DataFaultError.
+:func:`decode_pcd` is the same read without that step (the readers cache its
+output and drop the rows after the cache, so every read reports them). A file with neither
 colour nor intensity yields intensity 0 (logged).
 Every problem raises :class:`DataFormatError` naming the file and the fault.
 """
@@ -27,6 +31,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..errors import DataFormatError
+from ..faults import drop_nonfinite
 from .ascii_floats import parse_ascii_floats
 from .lzf import LZFError, lzf_compress, lzf_decompress
 
@@ -220,7 +225,8 @@ def _columns_compressed(raw: bytes, hdr: PCDHeader, path) -> Dict[int, np.ndarra
 
 
 def _detect_scale(raw_intensity: np.ndarray) -> float:
-    top = float(np.nanmax(raw_intensity)) if raw_intensity.size else 0.0
+    finite = raw_intensity[np.isfinite(raw_intensity)]  # NaN/inf rows are dropped later
+    top = float(finite.max()) if finite.size else 0.0
     for scale in (1.0, 255.0, 65535.0):
         if top <= scale:
             return scale
@@ -236,12 +242,18 @@ def _packed_red(col: np.ndarray, hdr: PCDHeader, k: int) -> np.ndarray:
     return (((bits >> 16) & 0xFF).astype(np.float32)) / np.float32(255.0)
 
 
-def read_pcd(path, intensity_scale: Optional[float] = None) -> np.ndarray:
+def read_pcd(path, intensity_scale: Optional[float] = None, strict: bool = False) -> np.ndarray:
     """Read a PCD file -> (N, 4) float32 ``x, y, z, intensity`` (intensity 0..1).
 
     ``intensity_scale`` applies to an ``intensity`` field only (see the module
-    docstring); packed ``rgb`` always uses the red byte / 255.
+    docstring); packed ``rgb`` always uses the red byte / 255. Rows with NaN/inf
+    values are dropped and warned about, or with ``strict`` refused (DataFaultError).
     """
+    return drop_nonfinite(decode_pcd(path, intensity_scale), path, 4, strict=strict)
+
+
+def decode_pcd(path, intensity_scale: Optional[float] = None) -> np.ndarray:
+    """:func:`read_pcd` keeping every row, NaN/inf values included."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -271,10 +283,6 @@ def read_pcd(path, intensity_scale: Optional[float] = None) -> np.ndarray:
         out[:, 3] = 0.0
         log.info("%s: no intensity or rgb field (FIELDS %s); intensity set to 0", path,
                  " ".join(hdr.fields))
-    bad = ~np.isfinite(out[:, :3]).all(axis=1) | np.isnan(out[:, 3])
-    if bad.any():
-        log.info("%s: dropped %d of %d points with NaN/inf values", path, int(bad.sum()), len(out))
-        out = out[~bad]
     return out
 
 

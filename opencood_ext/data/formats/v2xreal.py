@@ -12,7 +12,10 @@ as the official V2X-Real loader reads them (ucla-mobility/V2X-Real,
 ``opencood/data_utils/datasets/basedataset.py`` with ``zero_intensity=True``):
 
 * rows whose x, y or z is NaN are dropped (we also drop infinite coordinates,
-  which no voxel grid can hold);
+  which no voxel grid can hold); as in every reader they are a data fault
+  (:func:`opencood_ext.data.faults.drop_nonfinite`): a DataFaultWarning and a
+  logged WARNING naming the file and the count, or with ``strict`` a
+  DataFaultError;
 * ``intensity="zero"`` (the default, the official loader): every point's
   intensity is set to 0; the dataset's intensity is not used;
 * ``intensity="raw"``: the stored value is kept as it is, never rescaled (the
@@ -44,6 +47,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ..errors import DataFormatError
+from ..faults import drop_nonfinite
 from .opv2v import OPV2VReader
 
 log = logging.getLogger(__name__)
@@ -76,13 +80,29 @@ def superclass(name: str, default=_RAISE) -> Optional[str]:
 INTENSITY_MODES = ("zero", "raw")
 
 
-def read_bin(path, intensity: str = "zero") -> np.ndarray:
+def read_bin(path, intensity: str = "zero", strict: bool = False) -> np.ndarray:
     """A V2X-Real ``.bin`` -> (N, 4) float32 x, y, z, intensity (see the module docstring).
 
     intensity: ``"zero"`` (the official loader: all intensities 0) or ``"raw"`` (kept unscaled).
+    strict: refuse NaN/inf rows (DataFaultError) instead of dropping them with a warning.
     """
     if intensity not in INTENSITY_MODES:
         raise ValueError(f"V2X-Real intensity must be one of {INTENSITY_MODES}, got {intensity!r}")
+    return finish_points(decode_bin(path), path, intensity, strict)
+
+
+def finish_points(pts: np.ndarray, path, intensity: str = "zero", strict: bool = False) -> np.ndarray:
+    """Decoded ``.bin`` rows -> the reader's points: NaN/inf rows dropped (x, y, z; and the
+    intensity in ``"raw"`` mode) as a data fault, intensities zeroed in ``"zero"`` mode."""
+    pts = drop_nonfinite(pts, path, 4 if intensity == "raw" else 3, strict=strict)
+    if intensity == "zero":
+        pts = pts.copy()
+        pts[:, 3] = 0.0
+    return pts
+
+
+def decode_bin(path) -> np.ndarray:
+    """A V2X-Real ``.bin`` -> its (N, 4) float32 records as stored (NaN/inf rows kept)."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -92,16 +112,7 @@ def read_bin(path, intensity: str = "zero") -> np.ndarray:
         raise DataFormatError(path, f"size {len(data)} bytes is not a whole number of 16-byte "
                               f"(x, y, z, intensity) float32 records ({len(data) // 16} records and "
                               f"{len(data) % 16} bytes over: a truncated or corrupt file)")
-    pts = np.frombuffer(data, dtype="<f4").reshape(-1, 4).astype(np.float32)
-    bad = ~np.isfinite(pts[:, :3]).all(axis=1)
-    if intensity == "raw":
-        bad |= ~np.isfinite(pts[:, 3])
-    if bad.any():
-        log.info("%s: dropped %d of %d points with NaN/inf values", path, int(bad.sum()), len(pts))
-        pts = pts[~bad]
-    if intensity == "zero":
-        pts[:, 3] = 0.0
-    return pts
+    return np.frombuffer(data, dtype="<f4").reshape(-1, 4).astype(np.float32)
 
 
 class V2XRealReader(OPV2VReader):
@@ -111,18 +122,20 @@ class V2XRealReader(OPV2VReader):
     unverified; when True, ``camera{i}`` entries must follow OPV2V's layout.
     ``intensity``: ``"zero"`` (the official loader) or ``"raw"``, see the module docstring.
     ``cache_dir``: as for :class:`OPV2VReader` (the ``.bin`` scans and yaml labels).
+    ``strict``: as for :class:`OPV2VReader` (data faults raise instead of warning).
     """
 
     left_handed = False  # real-world LiDAR frames; plots do not flip y
+    lidar_ext = "bin"
 
     def __init__(self, root, split: str, mode: str = "vc", skip_bad: bool = False,
-                 load_cameras: bool = False, intensity: str = "zero", cache_dir=None):
+                 load_cameras: bool = False, intensity: str = "zero", cache_dir=None, strict: bool = False):
         if mode not in MODES:
             raise ValueError(f"V2X-Real mode must be one of {MODES}, got {mode!r}")
         if intensity not in INTENSITY_MODES:
             raise ValueError(f"V2X-Real intensity must be one of {INTENSITY_MODES}, got {intensity!r}")
         super().__init__(root, split, modality=None, load_cameras=load_cameras, load_depth=False,
-                         load_beams=False, skip_bad=skip_bad, cache_dir=cache_dir)
+                         load_beams=False, skip_bad=skip_bad, cache_dir=cache_dir, strict=strict)
         self.hetero_root = None
         self.mode = mode
         self.intensity = intensity
@@ -139,4 +152,5 @@ class V2XRealReader(OPV2VReader):
         self._keys = keys
 
     def _load_lidar(self, agent_dir: Path, ts: str) -> np.ndarray:
-        return self._read_points(agent_dir / f"{ts}.bin", read_bin, intensity=self.intensity)
+        path = agent_dir / f"{ts}.{self.lidar_ext}"
+        return finish_points(self._read_points(path, decode_bin), path, self.intensity, self.strict)
