@@ -9,6 +9,7 @@ An experiment yaml has these sections (each a typed dataclass, see
     train: {...}      # opencood_ext.training.trainer.TrainConfig
     eval:  {...}      # EvalConfig below
     stage: {...}      # StageConfig below (stage-2 onboarding only)
+    receiver: {...}   # opencood_ext.comm.receiver.ReceiverConfig: what a receiver accepts, the alliance key
 
 To add a section, add a field here.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from opencood_ext.comm.receiver import ReceiverConfig
 from opencood_ext.config import ConfigError, config_to_dict, load_config
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset, DataConfig
@@ -62,6 +64,7 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     stage: StageConfig = field(default_factory=StageConfig)
+    receiver: ReceiverConfig = field(default_factory=ReceiverConfig)
 
     def __post_init__(self):
         model_types = set(self.model.get("agent_types", {}))
@@ -97,8 +100,10 @@ def build_model(cfg: ExperimentConfig) -> CooperativeDetector:
     caps = {t: (s.max_points_per_voxel, s.max_voxels) for t, s in cfg.data.agent_types.items()
             if s.sensor == "lidar"}
     try:
-        return build(cfg.model, {"cooperative": CooperativeDetector}, "model", default_type="cooperative",
-                     lidar_range=list(cfg.data.lidar_range), voxel_caps=caps)
+        model = build(cfg.model, {"cooperative": CooperativeDetector}, "model", default_type="cooperative",
+                      lidar_range=list(cfg.data.lidar_range), voxel_caps=caps)
+        model.receiver = cfg.receiver  # loads the alliance key it names
+        return model
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(f"experiment '{cfg.name}': {exc}") from None
 

@@ -107,10 +107,13 @@ def noisy_pose(pose: np.ndarray, d: Draw) -> np.ndarray:
     return out
 
 
-def apply_channel(data: bytes, config: ChannelConfig, key: Sequence[int]) -> Optional[bytes]:
+def apply_channel(data: bytes, config: ChannelConfig, key: Sequence[int],
+                  signing_key: Optional[bytes] = None) -> Optional[bytes]:
     """One encoded packet through the channel: None when lost, else the packet with its header pose
     perturbed. A packet whose header cannot be parsed passes through untouched (the receiver
-    rejects it)."""
+    rejects it). Pose noise stands for the sender's own localisation error, so it is part of what
+    the sender signs: a signed packet is signed again with ``signing_key`` (the alliance key);
+    without it the perturbed packet keeps its old signature, which no longer matches."""
     if config.perfect:
         return data
     try:
@@ -122,12 +125,13 @@ def apply_channel(data: bytes, config: ChannelConfig, key: Sequence[int]) -> Opt
         return None
     pose = np.array(f[7:23], dtype=np.float64).reshape(4, 4)
     noisy = noisy_pose(pose, d)
-    return data if noisy is pose else _with_pose(data, noisy)
+    return data if noisy is pose else _with_pose(data, noisy, signing_key)
 
 
 class ChannelEffects:
     """The live demo's channel: :func:`apply_channel` at each tick (the tick is the draw key),
-    then delivery ``latency_ticks`` ticks later, in send order."""
+    then delivery ``latency_ticks`` ticks later, in send order. ``signing_key``: the alliance key
+    signed packets are signed again with after pose noise (set by the live loop; None = unsigned)."""
 
     def __init__(self, pose_noise_std_m: float = 0.0, pose_noise_std_deg: float = 0.0,
                  drop_prob: float = 0.0, latency_ticks: int = 0, seed: Optional[int] = None):
@@ -139,12 +143,13 @@ class ChannelEffects:
         self._queue: Deque[Tuple[int, bytes]] = deque()
         self._tick = 0
         self.sent = self.dropped = self.delivered = 0
+        self.signing_key: Optional[bytes] = None
 
     def step(self, packets: Sequence[bytes]) -> List[bytes]:
         """Send this tick's packets; return those delivered this tick (in send order)."""
         for data in packets:
             self.sent += 1
-            out = apply_channel(bytes(data), self.config, (self._tick,))
+            out = apply_channel(bytes(data), self.config, (self._tick,), self.signing_key)
             if out is None:
                 self.dropped += 1
                 continue

@@ -16,8 +16,10 @@ message.
   random loss (``train_drop``) teaches the receiver to cope without them;
 * on the wire (inference): each message is encoded to bytes (counted), passes
   the channel (:mod:`.channel`: pose noise, loss), and is decoded under the
-  receiver's :class:`Acceptance` rules. A message the receiver cannot use is
-  rejected with a reason, logged and counted; the rest carry on.
+  receiver's :class:`Acceptance` rules, then the frame's (:func:`receive_frame`:
+  its own id, the alliance registry, one message per sender, the per-frame
+  budget). A message the receiver cannot use is rejected with a reason, logged
+  and counted; the rest carry on, and the ego always detects from its own input.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -33,7 +35,8 @@ import torch
 from torch import Tensor
 
 from .channel import ChannelConfig, apply_channel
-from .wire import Limits, Message, MessageError, decode, encode
+from .receiver import FrameBudget, ReceiverConfig
+from .wire import BoxRules, Limits, Message, MessageError, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +110,13 @@ class Acceptance:
     """What a receiver can use; anything else is rejected (logged, counted), never crashes it.
 
     kind: the payload kind it reads. shape: the exact payload shape, or None (boxes and points
-    vary in length; ``max_elements`` still bounds them). agent_types: senders it knows (None = any).
-    max_abs: largest |value| a payload may carry. max_age: largest ``receiver_time - timestamp``
-    (None = any age)."""
+    vary in length; ``max_rows`` and ``max_elements`` still bound them). agent_types: the
+    alliance's types it knows (None = any). max_abs: largest |value| a payload may carry.
+    max_age / max_future: largest ``now - timestamp`` / ``timestamp - now`` (None = any).
+    max_translation: largest |t| (m, each axis) of the sender's pose. max_rows: most boxes /
+    points in one message. max_bytes: largest packet. boxes: box contents (late fusion).
+    key: the alliance's HMAC key (only messages signed with it are accepted; never printed).
+    The payload size, row count and packet size are checked from the header, before decoding."""
 
     kind: str
     shape: Optional[Tuple[int, ...]] = None
@@ -117,10 +124,25 @@ class Acceptance:
     max_elements: int = 1 << 28
     max_abs: Optional[float] = 1e6
     max_age: Optional[float] = None
+    max_future: Optional[float] = None
+    max_translation: Optional[float] = None
+    max_rows: Optional[int] = None
+    max_bytes: Optional[int] = None
+    boxes: Optional[BoxRules] = None
+    key: Optional[bytes] = field(default=None, repr=False, compare=False)
 
     def limits(self) -> Limits:
         n = math.prod(self.shape) if self.shape is not None else self.max_elements
-        return Limits(max_elements=min(n, self.max_elements), max_abs=self.max_abs)
+        return Limits(max_elements=min(n, self.max_elements), max_abs=self.max_abs, max_rows=self.max_rows,
+                      max_translation=self.max_translation, boxes=self.boxes, key=self.key)
+
+    def bounded_by(self, receiver: ReceiverConfig, key: Optional[bytes] = None) -> "Acceptance":
+        """This acceptance under a ``receiver:`` config's bounds, and the alliance ``key``."""
+        rows = {"boxes": receiver.max_boxes, "points": receiver.max_points}.get(self.kind)
+        boxes = dataclasses.replace(self.boxes, max_size=receiver.max_box_size_m) if self.boxes else None
+        return dataclasses.replace(self, max_abs=receiver.max_abs, max_age=receiver.max_age,
+                                   max_future=receiver.max_future, max_translation=receiver.max_translation_m,
+                                   max_rows=rows, max_bytes=receiver.max_message_bytes, boxes=boxes, key=key)
 
     def check(self, msg: Message, now: Optional[float] = None) -> Optional[str]:
         """None when ``msg`` (decoded) is usable, else the reason."""
@@ -132,14 +154,38 @@ class Acceptance:
             return f"unknown agent type {msg.agent_type!r} (known: {sorted(self.agent_types)})"
         if self.max_age is not None and now is not None and now - msg.timestamp > self.max_age:
             return f"stale: sent at {msg.timestamp:g}, now {now:g}, older than {self.max_age:g}"
+        if self.max_future is not None and now is not None and msg.timestamp - now > self.max_future:
+            return f"from the future: sent at {msg.timestamp:g}, now {now:g}, more than {self.max_future:g} ahead"
         return None
+
+
+@dataclass(frozen=True)
+class ReceiverContext:
+    """What one receiver knows in one frame besides the packets. now: its current time (timestamp
+    units); own_id: its own agent id (a message claiming it is refused); registry: the alliance's
+    members it expects, ``{sender_id: agent_type}`` (a sender not in it, or declaring another
+    type, is refused); None = not checked."""
+
+    now: Optional[float] = None
+    own_id: Optional[int] = None
+    registry: Optional[Mapping[int, str]] = None
+
+
+@dataclass
+class Receipt:
+    """What :func:`receive_frame` did with one frame's packets: accepted (index, message) in
+    arrival order, rejected (index, reason)."""
+
+    accepted: List[Tuple[int, Message]] = field(default_factory=list)
+    rejected: List[Tuple[int, str]] = field(default_factory=list)
 
 
 @dataclass
 class Delivery:
     """What :func:`transmit` did. arrived: the usable messages (payloads as received);
-    bytes_sent: (n,) encoded bytes of each sent message (0 in memory); lost: indices of sent
-    messages the channel lost; rejected: (index, reason) of those the receiver refused."""
+    bytes_sent: (n,) encoded bytes of each sent message (0 in memory; the signature included);
+    lost: indices of sent messages the channel lost; rejected: (index, reason) of those the
+    receiver refused."""
 
     sent: Messages
     arrived: Messages
@@ -151,15 +197,77 @@ class Delivery:
         return {r: b for r, b in zip(self.sent.source_row, self.bytes_sent)}
 
 
+def _packet_bytes_reason(packet: bytes, accept: Acceptance) -> Optional[str]:
+    if accept.max_bytes is not None and len(packet) > accept.max_bytes:
+        return f"message too large: {len(packet)} bytes, this receiver accepts at most {accept.max_bytes}"
+    return None
+
+
 def receive_packet(packet: bytes, accept: Acceptance, now: Optional[float] = None) -> Union[Message, str]:
     """The receiver's side of one packet: the decoded :class:`Message` when it is usable, else the
     reason it was rejected (decode checks under ``accept.limits()``, then ``accept.check``)."""
+    reason = _packet_bytes_reason(packet, accept)
+    if reason is not None:
+        return reason
     try:
         msg = decode(packet, accept.limits())
     except MessageError as exc:
         return exc.reason
     reason = accept.check(msg, now)
     return msg if reason is None else reason
+
+
+def _rows(msg: Message) -> int:
+    return int(msg.payload.shape[1]) if msg.kind in ("boxes", "points") else 0
+
+
+def receive_frame(packets: Sequence[bytes], accept: Acceptance, context: Optional[ReceiverContext] = None,
+                  budget: Optional[FrameBudget] = None) -> Receipt:
+    """One receiver's packets of one frame, in arrival order: each is checked alone
+    (:func:`receive_packet`), then against the frame: not from the receiver's own id, a member of
+    ``context.registry`` declaring its registered type, the first accepted message of its sender
+    (later ones are duplicates), and within ``budget`` (messages, bytes, boxes, points; the
+    excess is rejected). Rejections carry a reason whose text before the first ':' names the rule."""
+    context = context or ReceiverContext()
+    out = Receipt()
+    senders: Set[int] = set()
+    used_bytes = used_boxes = used_points = 0
+    for i, packet in enumerate(packets):
+        got = receive_packet(packet, accept, context.now)
+        if isinstance(got, str):
+            out.rejected.append((i, got))
+            continue
+        reason = None
+        sid = int(got.sender_id)
+        if context.own_id is not None and sid == int(context.own_id):
+            reason = f"own id: message claims the receiver's own id {sid}"
+        elif context.registry is not None and sid not in context.registry:
+            reason = f"unregistered sender: id {sid} is not a member of the alliance"
+        elif context.registry is not None and context.registry[sid] != got.agent_type:
+            reason = (f"type mismatch: sender {sid} declares type {got.agent_type!r}, the alliance registers it "
+                      f"as {context.registry[sid]!r}")
+        elif sid in senders:
+            reason = f"duplicate sender: a message from sender {sid} was already accepted this frame"
+        elif budget is not None:
+            rows = _rows(got)
+            boxes = rows if got.kind == "boxes" else 0
+            points = rows if got.kind == "points" else 0
+            if len(out.accepted) + 1 > budget.max_messages:
+                reason = f"frame budget: more than {budget.max_messages} messages this frame"
+            elif used_bytes + len(packet) > budget.max_bytes:
+                reason = f"frame budget: more than {budget.max_bytes} bytes this frame"
+            elif used_boxes + boxes > budget.max_boxes:
+                reason = f"frame budget: more than {budget.max_boxes} boxes this frame"
+            elif used_points + points > budget.max_points:
+                reason = f"frame budget: more than {budget.max_points} points this frame"
+            else:
+                used_bytes, used_boxes, used_points = used_bytes + len(packet), used_boxes + boxes, used_points + points
+        if reason is not None:
+            out.rejected.append((i, reason))
+            continue
+        senders.add(sid)
+        out.accepted.append((i, got))
+    return out
 
 
 def from_wire(received: Sequence[Message], receiver: Sequence[int], source_row: Sequence[int]) -> Messages:
@@ -173,13 +281,16 @@ def from_wire(received: Sequence[Message], receiver: Sequence[int], source_row: 
 
 def transmit(messages: Messages, *, wire: bool, dtype: str = "float32", channel: Optional[ChannelConfig] = None,
              keys: Optional[Callable[[int], Sequence[int]]] = None, accept: Optional[Acceptance] = None,
-             now: Optional[Sequence[float]] = None, train_drop: float = 0.0) -> Delivery:
+             now: Optional[Sequence[float]] = None, train_drop: float = 0.0,
+             contexts: Optional[Sequence[ReceiverContext]] = None, budget: Optional[FrameBudget] = None) -> Delivery:
     """Move ``messages`` to their receivers (module docstring).
 
     wire: False -> in memory (``train_drop``: probability of losing each message, torch RNG);
-    True -> encode / channel / decode. keys(receiver) -> the channel's draw key for that
-    receiver's sample (default: the receiver index). now: per receiver, its current time
-    (for ``accept.max_age``)."""
+    True -> encode (signed with ``accept.key``, the alliance key, when set) / channel / decode.
+    keys(receiver) -> the channel's draw key for that receiver's sample (default: the receiver
+    index). contexts: per receiver, its :class:`ReceiverContext` (now, own id, registry); ``now``
+    alone (per receiver, its current time) is the short form. budget: each receiver's per-frame
+    budget (:func:`receive_frame`)."""
     n = len(messages)
     if not wire:
         if train_drop > 0 and n:
@@ -189,22 +300,35 @@ def transmit(messages: Messages, *, wire: bool, dtype: str = "float32", channel:
         return Delivery(messages, messages, [0] * n)
     channel = channel or ChannelConfig()
     accept = accept or Acceptance(kind=messages.kind)
-    nbytes, lost, rejected, keep, received = [0] * n, [], [], [], []
+    nbytes, lost = [0] * n, []
+    delivered: Dict[int, List[Tuple[int, bytes]]] = {}  # receiver -> (message index, packet) in send order
     for i in range(n):
-        packet = encode(messages.to_wire(i), dtype=dtype)
+        packet = encode(messages.to_wire(i), dtype=dtype, key=accept.key)
         nbytes[i] = len(packet)
         r = messages.receiver[i]
-        packet = apply_channel(packet, channel, tuple(keys(r)) if keys else (r,))
+        packet = apply_channel(packet, channel, tuple(keys(r)) if keys else (r,), accept.key)
         if packet is None:
             lost.append(i)
             continue
-        got = receive_packet(packet, accept, None if now is None else now[r])
-        if isinstance(got, str):
-            log.warning("message from agent %s (%s) rejected: %s", messages.sender_id[i], messages.agent_type[i], got)
-            rejected.append((i, got))
-            continue
-        keep.append(i)
-        received.append(got)
+        delivered.setdefault(r, []).append((i, packet))
+    rejected: List[Tuple[int, str]] = []
+    kept: List[Tuple[int, Message]] = []
+    for r, items in delivered.items():
+        if contexts is not None:
+            context = contexts[r]
+        else:
+            context = ReceiverContext(now=None if now is None else now[r])
+        receipt = receive_frame([p for _, p in items], accept, context, budget)
+        for k, reason in receipt.rejected:
+            i = items[k][0]
+            log.warning("message from agent %s (%s) rejected: %s", messages.sender_id[i], messages.agent_type[i],
+                        reason)
+            rejected.append((i, reason))
+        kept += [(items[k][0], msg) for k, msg in receipt.accepted]
+    kept.sort(key=lambda t: t[0])
+    rejected.sort(key=lambda t: t[0])
+    keep = [i for i, _ in kept]
+    received = [m for _, m in kept]
     arrived = from_wire(received, [messages.receiver[i] for i in keep], [messages.source_row[i] for i in keep])
     if received:
         device = messages.payload[keep[0]].device

@@ -27,15 +27,22 @@ On the wire (little-endian)::
        196    4 payload CRC32    zlib.crc32 of the payload
        200    4 header CRC32     zlib.crc32 of bytes [0, 200)
        204    . payload          prod(shape) values, C order
+         .   32 signature        version 2 only: HMAC-SHA256 of every byte before it (header + payload)
+
+Version 1 packets are unsigned; version 2 packets carry the signature (:func:`sign`), made with
+the alliance's shared key. A receiver with a key refuses unsigned and wrongly signed packets
+before it looks at the payload; a receiver without one decodes both versions (it cannot check a
+signature). The signature counts in the message's bytes (:func:`message_nbytes`, ``signed``).
 
 int8 is symmetric quantisation: ``scale = max|x| / 127`` (1.0 for an all-zero
 payload), ``code = round(x / scale)`` in [-127, 127], so the error is at most
 scale / 2. uint8 / uint16 carry integer codes exactly (kind ``codes`` only).
 
-A receiver bounds what it accepts with :class:`Limits` (largest payload, largest
-magnitude): a packet larger than the receiver could use is refused from its
-header, before anything is allocated, and decoded values must be finite and
-within the bound, so one collaborator cannot poison the receiver's map.
+A receiver bounds what it accepts with :class:`Limits` (largest payload, boxes or
+points per message, largest magnitude, largest pose translation, box contents): a
+packet larger than the receiver could use is refused from its header, before
+anything is allocated, and decoded values must be finite and within the bounds,
+so one collaborator cannot poison the receiver's map or make it raise downstream.
 
 Sizes for m = 2, H x W = 100 x 352 (header included): float32 281,804 B,
 float16 141,004 B, int8 70,604 B; a C = 128 float32 feature in the same
@@ -44,17 +51,21 @@ format is 18,022,604 B. Payload ratios are exactly 64 (float32) and 256
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 MAGIC = b"GCMM"
-VERSION = 1
+VERSION = 1  # unsigned
+VERSION_SIGNED = 2  # followed by a SIGNATURE_SIZE-byte HMAC-SHA256 of header + payload
+SIGNATURE_SIZE = hashlib.sha256().digest_size
 HEADER = struct.Struct("<4sHBBq16sd16d3IdQI")
 HEADER_SIZE = HEADER.size + 4  # plus the header CRC
 DTYPES = {"float32": (1, np.dtype("<f4")), "float16": (2, np.dtype("<f2")), "int8": (3, np.dtype("i1")),
@@ -96,21 +107,47 @@ class Message:
 
 
 @dataclass(frozen=True)
+class BoxRules:
+    """What a box in a ``boxes`` payload (x, y, z, l, w, h, yaw, score, class) must be.
+
+    num_classes: labels must round to an integer in [0, num_classes); max_size: l, w, h in metres
+    must be > 0 and <= max_size. Scores must lie in [0, 1]. An int8 payload is checked within half
+    its quantisation step (scores and labels are then clamped / rounded by the receiver)."""
+
+    num_classes: int
+    max_size: float = 50.0
+
+
+@dataclass(frozen=True)
 class Limits:
-    """What a receiver accepts. max_elements: largest payload (values); max_abs: largest |value|
-    a float payload may carry (after int8 scaling); None = no bound beyond finiteness."""
+    """What a receiver accepts.
+
+    max_elements: largest payload (values); max_rows: most boxes / points in a (1, P, d) payload
+    (None = only max_elements); max_abs: largest |value| a float payload may carry (after int8
+    scaling; None = no bound beyond finiteness); max_translation: largest |t| (metres, each axis)
+    of the header's pose T_world_from_sender; boxes: box contents (:class:`BoxRules`, kind
+    ``boxes`` only; None = unchecked); key: the alliance's HMAC key: when set, only packets signed
+    with it are accepted (never printed)."""
 
     max_elements: int = MAX_ELEMENTS
     max_abs: Optional[float] = None
+    max_rows: Optional[int] = None
+    max_translation: Optional[float] = None
+    boxes: Optional[BoxRules] = None
+    key: Optional[bytes] = field(default=None, repr=False, compare=False)
 
 
-def check_pose(pose, what: str = "pose") -> np.ndarray:
-    """Return ``pose`` as (4, 4) float64 if it is a finite rigid transform, else raise MessageError."""
+def check_pose(pose, what: str = "pose", max_translation: Optional[float] = None) -> np.ndarray:
+    """Return ``pose`` as (4, 4) float64 if it is a finite rigid transform (with every translation
+    component within +-``max_translation`` when given), else raise MessageError."""
     T = np.asarray(pose, dtype=np.float64)
     if T.shape != (4, 4):
         raise MessageError(f"{what} must be (4, 4), got {T.shape}")
     if not np.isfinite(T).all():
         raise MessageError(f"{what} has non-finite entries")
+    if max_translation is not None and float(np.abs(T[:3, 3]).max()) > max_translation:
+        raise MessageError(f"{what} translation {float(np.abs(T[:3, 3]).max()):.3g} m exceeds the receiver's "
+                           f"bound {max_translation:g} m")
     if not np.allclose(T[3], [0.0, 0.0, 0.0, 1.0], atol=POSE_TOL, rtol=0):
         raise MessageError(f"{what} last row must be [0, 0, 0, 1], got {T[3].tolist()}")
     R = T[:3, :3]
@@ -152,8 +189,9 @@ def _payload_array(payload, kind: str) -> np.ndarray:
     return arr
 
 
-def encode(msg: Message, dtype: str = "float32") -> bytes:
-    """Serialise ``msg``; dtype float32 / float16 / int8 (uint8 / uint16 for codes).
+def encode(msg: Message, dtype: str = "float32", key: Optional[bytes] = None) -> bytes:
+    """Serialise ``msg``; dtype float32 / float16 / int8 (uint8 / uint16 for codes); ``key``: the
+    alliance's HMAC key, to sign it (version 2), or None (unsigned, version 1).
     Raises MessageError on bad fields."""
     if dtype not in DTYPES:
         raise MessageError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -186,9 +224,16 @@ def encode(msg: Message, dtype: str = "float32") -> bytes:
             raise MessageError(f"payload exceeds the {dtype} range (|x| <= {np.finfo(wire).max})")
         data = arr.astype(wire)
     body = data.tobytes(order="C")
-    head = HEADER.pack(MAGIC, VERSION, code, KINDS[kind][0], int(msg.sender_id), type_bytes, float(msg.timestamp),
+    version = VERSION if key is None else VERSION_SIGNED
+    head = HEADER.pack(MAGIC, version, code, KINDS[kind][0], int(msg.sender_id), type_bytes, float(msg.timestamp),
                        *pose.reshape(-1), *arr.shape, scale, len(body), zlib.crc32(body))
-    return head + struct.pack("<I", zlib.crc32(head)) + body
+    packet = head + struct.pack("<I", zlib.crc32(head)) + body
+    return packet if key is None else packet + signature(packet, key)
+
+
+def signature(signed_bytes: bytes, key: bytes) -> bytes:
+    """The SIGNATURE_SIZE-byte HMAC-SHA256 of ``signed_bytes`` (header + payload) under ``key``."""
+    return hmac.new(key, signed_bytes, hashlib.sha256).digest()
 
 
 def _unpack_header(data: bytes) -> tuple:
@@ -198,21 +243,64 @@ def _unpack_header(data: bytes) -> tuple:
     fields = HEADER.unpack(head)
     if fields[0] != MAGIC:
         raise MessageError(f"bad magic {fields[0]!r}, expected {MAGIC!r}")
-    if fields[1] != VERSION:
-        raise MessageError(f"unsupported version {fields[1]}, expected {VERSION}")
+    if fields[1] not in (VERSION, VERSION_SIGNED):
+        raise MessageError(f"unsupported version {fields[1]}, expected {VERSION} or {VERSION_SIGNED}")
     (head_crc,) = struct.unpack_from("<I", data, HEADER.size)
     if zlib.crc32(head) != head_crc:
         raise MessageError("header CRC mismatch (corrupted header)")
     return fields
 
 
+def _check_signature(data: bytes, signed: bool, length: int, key: Optional[bytes]) -> None:
+    """With ``key``: raise MessageError unless ``data`` is a signed packet whose signature matches
+    (constant-time compare). Without: nothing to check."""
+    if key is None:
+        return
+    if not signed:
+        raise MessageError("unsigned: this receiver accepts only messages signed with the alliance key")
+    end = HEADER_SIZE + length
+    if not hmac.compare_digest(signature(memoryview(data)[:end], key), bytes(data[end:end + SIGNATURE_SIZE])):
+        raise MessageError("bad signature: not signed with the alliance key, or changed after signing")
+
+
+def check_boxes(values: np.ndarray, rules: BoxRules, tol: float = 0.0) -> np.ndarray:
+    """A decoded (1, P, 9) boxes payload checked against ``rules`` (raises MessageError naming the
+    first failed check and how many boxes fail it); returns it with scores clamped into [0, 1]
+    and labels rounded. ``tol``: the payload's quantisation error (half the int8 step; 0 otherwise)."""
+    b = values.reshape(-1, 9)
+    if not len(b):
+        return values
+    size, score, label = b[:, 3:6], b[:, 7], b[:, 8]
+    checks = (
+        ("box size", (size <= 0).any(1), "l, w, h must be > 0"),
+        ("box size", (size > rules.max_size + tol).any(1), f"l, w, h must be <= {rules.max_size:g} m"),
+        ("box score", (score < -tol) | (score > 1 + tol), "scores must lie in [0, 1]"),
+        ("box label", np.abs(label - np.rint(label)) > max(tol, 1e-3), "labels must be integers"),
+        ("box label", (np.rint(label) < 0) | (np.rint(label) >= rules.num_classes),
+         f"labels must be class indices in [0, {rules.num_classes})"),
+    )
+    for name, bad, rule in checks:
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise MessageError(f"{name}: {int(bad.sum())} of {len(b)} boxes break the rule that {rule} "
+                               f"(first: box {first}, {b[first].tolist()})")
+    out = b.copy()
+    out[:, 7] = np.clip(score, 0.0, 1.0)
+    out[:, 8] = np.rint(label)
+    return out.reshape(values.shape)
+
+
 def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
     """Parse and validate one message; raises MessageError naming the failed check.
 
-    ``limits``: what the receiver accepts; the payload size is checked from the header before
-    anything is allocated, the values after decoding (finite, and within ``max_abs``)."""
+    ``limits``: what the receiver accepts. In order: the header (magic, version, CRC); the payload
+    size (values, boxes / points) from the header, before anything is allocated; the signature
+    (with ``limits.key``), before the payload is read; the payload CRC; the pose (finite, rigid,
+    translation within ``max_translation``); the values after decoding (finite, within
+    ``max_abs``; box contents under ``limits.boxes``)."""
     limits = limits or Limits()
     f = _unpack_header(data)
+    signed = f[1] == VERSION_SIGNED
     code, kind_code, sender_id, type_bytes, timestamp = f[2], f[3], f[4], f[5], f[6]
     pose = np.array(f[7:23], dtype=np.float64).reshape(4, 4)
     shape, scale, length, crc = tuple(f[23:26]), f[26], f[27], f[28]
@@ -225,15 +313,21 @@ def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
     check_shape(kind, shape)
     if (kind == "codes") != (name in CODE_DTYPES):
         raise MessageError(f"a {kind} payload cannot be {name}")
+    if limits.max_rows is not None and KINDS[kind][1] is not None and shape[1] > limits.max_rows:
+        raise MessageError(f"too many {kind}: {shape[1]} in one message, this receiver accepts at most "
+                           f"{limits.max_rows}")
     if math.prod(shape) > limits.max_elements:
         raise MessageError(f"payload of {math.prod(shape)} values is larger than this receiver accepts "
                            f"({limits.max_elements})")
     if length != math.prod(shape) * wire.itemsize:
         raise MessageError(f"payload length {length} does not match shape {shape} of {name}")
-    if len(data) != HEADER_SIZE + length:
-        kind_err = "truncated" if len(data) < HEADER_SIZE + length else "trailing bytes"
-        raise MessageError(f"{kind_err}: {len(data)} bytes, expected {HEADER_SIZE + length}")
-    body = memoryview(data)[HEADER_SIZE:]
+    total = HEADER_SIZE + length + (SIGNATURE_SIZE if signed else 0)
+    if len(data) != total:
+        kind_err = "truncated" if len(data) < total else "trailing bytes"
+        note = f" (a version {VERSION_SIGNED} packet ends with a {SIGNATURE_SIZE}-byte signature)" if signed else ""
+        raise MessageError(f"{kind_err}: {len(data)} bytes, expected {total}{note}")
+    _check_signature(data, signed, length, limits.key)
+    body = memoryview(data)[HEADER_SIZE:HEADER_SIZE + length]
     if zlib.crc32(body) != crc:
         raise MessageError("payload CRC mismatch (corrupted payload)")
     if not math.isfinite(timestamp):
@@ -246,7 +340,7 @@ def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
         agent_type = type_bytes.rstrip(b"\0").decode("ascii")
     except UnicodeDecodeError as err:
         raise MessageError("agent_type is not ASCII") from err
-    check_pose(pose)
+    check_pose(pose, max_translation=limits.max_translation)
     raw = np.frombuffer(body, dtype=wire).reshape(shape)
     if kind == "codes":
         return Message(sender_id=sender_id, agent_type=agent_type, timestamp=timestamp, pose=pose,
@@ -260,6 +354,8 @@ def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
         if limits.max_abs is not None and float(np.abs(values).max()) > limits.max_abs:
             raise MessageError(f"payload magnitude {float(np.abs(values).max()):.3g} exceeds the receiver's "
                                f"bound {limits.max_abs:g}")
+    if kind == "boxes" and limits.boxes is not None:
+        values = check_boxes(values, limits.boxes, tol=scale / 2 if name == "int8" else 0.0)
     return Message(sender_id=sender_id, agent_type=agent_type, timestamp=timestamp, pose=pose,
                    payload=torch.from_numpy(values), kind=kind)
 
@@ -275,12 +371,16 @@ def receive_all(packets: Sequence[bytes], limits: Optional[Limits] = None) -> Tu
     return messages, rejected
 
 
-def _with_pose(data: bytes, pose: np.ndarray) -> bytes:
-    """Rewrite the pose of an encoded message (header CRC recomputed); payload untouched."""
+def _with_pose(data: bytes, pose: np.ndarray, key: Optional[bytes] = None) -> bytes:
+    """Rewrite the pose of an encoded message (header CRC recomputed); payload untouched. A signed
+    packet is signed again with ``key``; without it, its old signature no longer matches."""
     f = list(_unpack_header(data))
     f[7:23] = [float(v) for v in pose.reshape(-1)]
     head = HEADER.pack(*f)
-    return head + struct.pack("<I", zlib.crc32(head)) + data[HEADER_SIZE:]
+    packet = head + struct.pack("<I", zlib.crc32(head)) + data[HEADER_SIZE:HEADER_SIZE + f[27]]
+    if f[1] != VERSION_SIGNED:
+        return packet + data[HEADER_SIZE + f[27]:]
+    return packet + (signature(packet, key) if key is not None else data[HEADER_SIZE + f[27]:])
 
 
 def header_pose(data: bytes) -> np.ndarray:
@@ -288,12 +388,15 @@ def header_pose(data: bytes) -> np.ndarray:
     return np.array(_unpack_header(data)[7:23], dtype=np.float64).reshape(4, 4)
 
 
-def message_nbytes(message_shape: Sequence[int], dtype: str = "float32") -> int:
-    """Bytes on the wire (header included) for a payload of ``message_shape`` in ``dtype``."""
+def message_nbytes(message_shape: Sequence[int], dtype: str = "float32", signed: bool = False) -> int:
+    """Bytes on the wire (header, and the signature when ``signed``, included) for a payload of
+    ``message_shape`` in ``dtype``."""
     if dtype not in DTYPES:
         raise MessageError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return HEADER_SIZE + math.prod(int(s) for s in message_shape) * DTYPES[dtype][1].itemsize
+    return (HEADER_SIZE + math.prod(int(s) for s in message_shape) * DTYPES[dtype][1].itemsize
+            + (SIGNATURE_SIZE if signed else 0))
 
 
-__all__ = ["Message", "MessageError", "Limits", "encode", "decode", "receive_all", "check_pose", "check_shape",
-           "header_pose", "message_nbytes", "HEADER_SIZE", "KINDS", "FLOAT_DTYPES", "CODE_DTYPES"]
+__all__ = ["Message", "MessageError", "Limits", "BoxRules", "encode", "decode", "receive_all", "check_pose",
+           "check_shape", "check_boxes", "signature", "header_pose", "message_nbytes", "HEADER_SIZE",
+           "SIGNATURE_SIZE", "VERSION", "VERSION_SIGNED", "KINDS", "FLOAT_DTYPES", "CODE_DTYPES"]

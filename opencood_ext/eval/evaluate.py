@@ -8,9 +8,13 @@ resamples go to ``eval_<label>_frames.npz``, so two runs can be compared paired
 (``tools/compare.py``).
 
 Every frame goes through :meth:`CooperativeDetector.predict`: each
-collaborator's message is encoded, passes the channel (pose noise, loss;
-seeded by the frame index, so every method meets the same channel), and is
-decoded by the receiver; bytes are the encoded packets.
+collaborator's message is encoded (and signed, with an alliance key), passes
+the channel (pose noise, loss; seeded by the frame index, so every method meets
+the same channel), and is decoded by the receiver under the model's
+``receiver:`` bounds; bytes are the encoded packets, signature included.
+``channel`` in the results counts what was sent, lost and rejected (by rule:
+``rejected_reasons``) and records the receiver's settings (the key by reference
+only).
 """
 from __future__ import annotations
 
@@ -91,7 +95,10 @@ class EvalResult:
         if self.channel:
             c = self.channel
             rows.append(f"channel: {c.get('describe', '')}; messages sent {c.get('sent', 0)}, lost {c.get('lost', 0)}, "
-                        f"rejected by the receiver {c.get('rejected', 0)}")
+                        f"rejected by the receiver {c.get('rejected', 0)}"
+                        + (" (" + ", ".join(f"{k}: {v}" for k, v in sorted(c["rejected_reasons"].items())) + ")"
+                           if c.get("rejected_reasons") else "")
+                        + ("; signed messages (alliance key)" if c.get("authenticated") else ""))
         if self.recall_by_visibility:
             rows.append("recall@0.5 by who sees the object (>= 5 LiDAR points): " + ", ".join(
                 f"{g} {v['recall']:.3f} of {v['gt']}" if v["recall"] is not None else f"{g} - of 0"
@@ -185,7 +192,9 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         recall_by_visibility=vis.summary() if vis_defined else None, localisation=loc.summary(),
         channel={**asdict(channel), "describe": channel.describe(),
                  "latency_frames": getattr(dataset, "latency_frames", 0), "sent": collaborators, "lost": lost,
-                 "rejected": sum(rejected.values()), "rejected_reasons": dict(rejected)})
+                 "rejected": sum(rejected.values()), "rejected_reasons": dict(rejected),
+                 "authenticated": bool(getattr(model, "authenticated", False)),
+                 "receiver": asdict(model.receiver) if hasattr(model, "receiver") else {}})
     g = res["global"]
     result.pr_curves = {"order": g.order, "image": None,
                         "curves": {str(t): pr_envelope(g, t) for t in g.thresholds}}

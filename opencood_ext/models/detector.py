@@ -18,6 +18,7 @@ B samples, features (N, C, H, W) on the common :class:`BEVGrid`.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
@@ -26,7 +27,8 @@ from torch import Tensor, nn
 
 from ..comm.channel import ChannelConfig
 from ..geometry.boxes import boxes_inside_range
-from ..comm.messages import Delivery, transmit
+from ..comm.messages import Acceptance, Delivery, ReceiverContext, transmit
+from ..comm.receiver import ReceiverConfig
 from ..postprocess import Detections, decode_detections
 from ..registry import Registry
 from . import build
@@ -95,6 +97,8 @@ class CooperativeDetector(nn.Module):
         self.wire_dtype: Optional[str] = None  # run-time override of the payload dtype (float kinds)
         # diagnostic: senders of these types send all-zero payloads (tools/inference.py --blank_messages)
         self.blank_message_types: Set[str] = set()
+        # the receiver's bounds and the alliance key (the experiment's receiver: section; set by build_model)
+        self.receiver = ReceiverConfig()
         # late fusion of separately trained models: a type's own detector (sender_detections)
         self.sender_detectors = nn.ModuleDict()
         self.encoders = nn.ModuleDict({
@@ -137,6 +141,45 @@ class CooperativeDetector(nn.Module):
         self.criterion = DetectionLoss(**dict(loss or {}))
         self.depth_weight = float(depth_weight)
         self.post = dict(score_threshold=score_threshold, nms_iou=nms_iou, max_boxes=max_boxes)
+
+    @property
+    def receiver(self) -> ReceiverConfig:
+        """The receiver's bounds and alliance key reference (:class:`~opencood_ext.comm.receiver.ReceiverConfig`).
+        Setting it loads the key it names (ValueError, one line, when missing); the key itself is
+        kept apart, never in a config or a state dict."""
+        return self._receiver
+
+    @receiver.setter
+    def receiver(self, cfg: ReceiverConfig) -> None:
+        key = cfg.load_key()
+        self._receiver, self._alliance_key = cfg, key
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether this model signs what it sends and accepts only signed messages."""
+        return self._alliance_key is not None
+
+    @property
+    def signing_key(self) -> Optional[bytes]:
+        """The alliance key its senders sign with (None: unsigned); for the live loop's encoder."""
+        return self._alliance_key
+
+    def acceptance(self) -> Acceptance:
+        """What this receiver accepts: its fusion method's :meth:`accept` under ``receiver``'s bounds."""
+        return self.method.accept(self).bounded_by(self._receiver, self._alliance_key)
+
+    def receiver_contexts(self, batch) -> List[ReceiverContext]:
+        """Per sample b, what its ego knows besides the packets: its time (its own data's timestamp),
+        its own id, and the alliance registry of the frame: ``{agent id: agent type}`` of the
+        sample's agents (the members it expects to hear from, and the type each registered with)."""
+        n = batch.num_agents
+        times = batch.agent_times or [0.0] * n
+        sample = batch.sample_index.tolist()
+        out = []
+        for b, e in enumerate(batch.ego_index.tolist()):
+            registry = {int(batch.agent_ids[r]): batch.agent_types[r] for r in range(n) if sample[r] == b}
+            out.append(ReceiverContext(now=float(times[e]), own_id=int(batch.agent_ids[e]), registry=registry))
+        return out
 
     @property
     def fusion(self) -> str:
@@ -204,9 +247,11 @@ class CooperativeDetector(nn.Module):
 
     # ------------------------------------------------------------------ one path
     def deliver(self, messages, channel: Optional[ChannelConfig] = None, keys=None, wire: Optional[bool] = None,
-                now=None) -> Delivery:
+                now=None, contexts: Optional[Sequence[ReceiverContext]] = None) -> Delivery:
         """Move ``messages`` to their receivers: in memory while training (with
-        ``train_message_drop``), else as bytes through ``channel`` (:func:`transmit`)."""
+        ``train_message_drop``), else as bytes through ``channel`` (:func:`transmit`), signed
+        with the alliance key when one is set and received under :meth:`acceptance`, each
+        receiver's ``contexts`` and the per-frame budget of ``receiver``."""
         wire = (not self.training) if wire is None else wire
         if self.blank_message_types and len(messages):
             messages = messages.blanked(self.blank_message_types)
@@ -214,7 +259,7 @@ class CooperativeDetector(nn.Module):
         if self.wire_dtype is not None and messages.kind != "codes":
             dtype = self.wire_dtype
         return transmit(messages, wire=wire, dtype=dtype, channel=channel, keys=keys,
-                        accept=self.method.accept(self), now=now,
+                        accept=self.acceptance(), now=now, contexts=contexts, budget=self._receiver.budget(),
                         train_drop=self.train_message_drop if self.training else 0.0)
 
     def forward(self, batch) -> ModelOutput:
@@ -254,8 +299,13 @@ class CooperativeDetector(nn.Module):
     @torch.no_grad()
     def predict(self, batch, channel: Optional[ChannelConfig] = None, keys=None, now=None) -> Prediction:
         """Inference: every message goes through the wire (encode, ``channel``, decode, the
-        receiver's acceptance rules). keys(b): the channel's draw key for sample b (default b)."""
+        receiver's acceptance rules and per-frame checks, :meth:`receiver_contexts`). keys(b): the
+        channel's draw key for sample b (default b). now: per sample, the receiver's time (default:
+        its own data's timestamp)."""
         feats, _ = self.encode(batch)
+        contexts = self.receiver_contexts(batch)
+        if now is not None:
+            contexts = [dataclasses.replace(c, now=float(t)) for c, t in zip(contexts, now)]
         delivery = self.deliver(self.method.send(self, batch, feats), channel=channel, keys=keys, wire=True,
-                                now=now)
+                                contexts=contexts)
         return Prediction(self.method.detect(self, batch, feats, delivery.arrived), delivery)

@@ -11,8 +11,10 @@ Every method implements the same sender / receiver split (the detector
   their headers and the ego's own pose (``batch.T_ego_from_world``);
 * ``detect(model, batch, feats, arrived) -> [Detections]``: decoded boxes
   (late fusion merges boxes instead of head maps);
-* ``accept(model)``: what this receiver can use (kind, shape, known types);
-  anything else is rejected on arrival.
+* ``accept(model)``: what this receiver can use (kind, shape, known types, box
+  contents); the detector bounds it further by its ``receiver:`` config
+  (:meth:`~opencood_ext.models.detector.CooperativeDetector.acceptance`); anything
+  else is rejected on arrival.
 
 Between send and receive the messages travel in memory (training) or as bytes
 through the channel (inference: :func:`opencood_ext.comm.messages.transmit`).
@@ -39,6 +41,7 @@ import torch
 from torch import Tensor
 
 from ..comm.messages import Acceptance, Messages
+from ..comm.wire import BoxRules
 from ..data.inputs import LidarInput
 from ..data.voxelize import Voxelizer, collate_voxels, grid_shape
 from ..geometry.iou import rotated_nms
@@ -160,6 +163,11 @@ class LateFusion(FusionMethod):
 
     def dataset_agents(self, train: bool) -> str:
         return "ego_only" if train else "all"
+
+    def accept(self, model) -> Acceptance:
+        # every box is checked: sizes > 0 and bounded, scores in [0, 1], labels in the model's classes
+        return Acceptance(kind=self.kind, agent_types=set(model.encoders),
+                          boxes=BoxRules(num_classes=model.anchor_gen.num_classes))
 
     def send(self, model, batch, feats) -> Messages:
         rows = _collaborators(batch)

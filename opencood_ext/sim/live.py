@@ -6,21 +6,28 @@ map, a full feature, boxes, points) are encoded to bytes and pass through a
 channel with optional latency, loss and pose noise; the ego decodes what
 arrived, rejects what it cannot use (logged and counted; the ego keeps
 detecting), places each message with the POSE IN ITS HEADER (so pose noise
-and stale messages act as they would on a road) and detects. The sender and
+and stale messages act as they would on a road) and detects. The receiver is
+bounded by the run's ``receiver:`` config exactly as in dataset evaluation
+(:meth:`~opencood_ext.models.detector.CooperativeDetector.acceptance`, the
+per-tick budget, one message per sender, the alliance registry: every agent
+seen so far with its type, its ``now``: this tick's frame time), and with an
+alliance key every packet is signed and only signed packets are accepted. The sender and
 receiver are the fusion method's own ``send`` / ``detect``, the code path of
 training and dataset evaluation (:mod:`opencood_ext.models.fusion_methods`).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
 
 from opencood_ext.comm import ChannelEffects, encode
-from opencood_ext.comm.messages import from_wire, receive_packet
+from opencood_ext.comm.messages import from_wire, receive_frame
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset
 from opencood_ext.data.frame import Frame
@@ -33,8 +40,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class TickResult:
     """One tick. boxes/scores: detections in the ego frame; gt_boxes likewise.
-    bytes_sent: packet size per collaborator this tick; received/rejected: packets
-    the ego accepted/refused this tick (with reasons)."""
+    bytes_sent: packet size per collaborator this tick (signature included); received/rejected:
+    packets the ego accepted/refused this tick (with reasons); rejected_counts: how many were
+    refused by each rule (the reason's text before its first ':')."""
 
     tick: int
     ego_id: int
@@ -45,6 +53,7 @@ class TickResult:
     received: int
     rejected: List[str] = field(default_factory=list)
     agent_ids: List[int] = field(default_factory=list)
+    rejected_counts: Dict[str, int] = field(default_factory=dict)
 
 
 class LiveCooperation:
@@ -61,6 +70,10 @@ class LiveCooperation:
         self.total_bytes = 0
         self.total_messages = 0
         self.total_rejected = 0
+        self.rejected_reasons: Counter = Counter()  # rule -> messages refused by it, over all ticks
+        self._registry: Dict[int, str] = {}  # the alliance's members seen so far: agent id -> type
+        if model.authenticated:  # pose noise is the sender's own error: it signs the noisy pose
+            self.effects.signing_key = model.signing_key
         self._sizes = voxel_sizes(cfg.model) if cfg.model else model.voxel_sizes()
 
     def _sample(self, frame: Frame):
@@ -76,18 +89,16 @@ class LiveCooperation:
         feats, _ = model.encode(batch)
         sent = method.send(model, batch, feats)
         dtype = method.wire_dtype(model) if self.wire_dtype is None or sent.kind == "codes" else self.wire_dtype
-        packets = [encode(sent.to_wire(i), dtype=dtype) for i in range(len(sent))]
+        packets = [encode(sent.to_wire(i), dtype=dtype, key=model.signing_key) for i in range(len(sent))]
         sizes = [len(p) for p in packets]
-        accept = method.accept(model)
-        received, rejected = [], []
-        for k, packet in enumerate(self.effects.step(packets)):
-            got = receive_packet(packet, accept)
-            if isinstance(got, str):
-                rejected.append(f"packet {k}: {got}")
-            elif got.sender_id == sample.ego_id:
-                rejected.append(f"packet {k}: from the ego itself")
-            else:
-                received.append(got)
+        context = model.receiver_contexts(batch)[0]
+        self._registry.update(context.registry or {})
+        context = dataclasses.replace(context, registry=dict(self._registry))
+        receipt = receive_frame(self.effects.step(packets), model.acceptance(), context, model.receiver.budget())
+        received = [m for _, m in receipt.accepted]
+        rejected = [f"packet {k}: {reason}" for k, reason in receipt.rejected]
+        counts = Counter(reason.split(":")[0] for _, reason in receipt.rejected)
+        self.rejected_reasons.update(counts)
         for reason in rejected:
             log.warning("tick %d: message rejected: %s", self.ticks + 1, reason)
         arrived = from_wire(received, [0] * len(received), [-1] * len(received)) if received \
@@ -99,7 +110,7 @@ class LiveCooperation:
         self.total_messages += len(sizes)
         self.total_rejected += len(rejected)
         return TickResult(self.ticks, sample.ego_id, det.boxes.numpy(), det.scores.numpy(), sample.gt_boxes,
-                          sizes, len(received), rejected, [a.agent_id for a in agents])
+                          sizes, len(received), rejected, [a.agent_id for a in agents], dict(counts))
 
     def running_ap(self) -> dict:
         """AP so far (global order) at 0.3 / 0.5 / 0.7."""
