@@ -37,8 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..config import FieldError
-
 MIN_KEY_BYTES = 16
 
 
@@ -75,21 +73,21 @@ class ReceiverConfig:
         for name in ("max_age", "max_future", "max_abs"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v >= 0):
-                raise FieldError(f"receiver.{name} must be a finite number >= 0 or null, got {v!r}", name)
+                raise ValueError(f"receiver.{name} must be a finite number >= 0 or null, got {v!r}")
         for name in ("max_translation_m", "max_box_size_m"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
-                raise FieldError(f"receiver.{name} must be a finite number > 0, got {v!r}", name)
+                raise ValueError(f"receiver.{name} must be a finite number > 0, got {v!r}")
         for name in ("max_boxes", "max_points", "max_messages_per_frame", "max_boxes_per_frame",
                      "max_points_per_frame", "max_bytes_per_frame", "max_message_bytes"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise FieldError(f"receiver.{name} must be an integer >= 1, got {v!r}", name)
+                raise ValueError(f"receiver.{name} must be an integer >= 1, got {v!r}")
         if self.key_env is not None and self.key_file is not None:
-            raise FieldError("receiver: set key_env or key_file, not both", "key_env", "key_file")
+            raise ValueError("receiver: set key_env or key_file, not both")
         for name in ("key_env", "key_file"):
             if getattr(self, name) == "":
-                raise FieldError(f"receiver.{name} must be null or a non-empty name", name)
+                raise ValueError(f"receiver.{name} must be null or a non-empty name")
 
     @property
     def authenticated(self) -> bool:
