@@ -286,3 +286,17 @@ def test_many_faults_are_counted_not_all_warned(tmp_path, monkeypatch):
     with pytest.warns(DataFaultWarning) as rec:
         reader(root)
     assert len(rec) == 5 and "7 more data faults not shown (11 in all" in str(rec[-1].message)
+
+
+def test_fault_error_survives_dataloader_workers():
+    """A worker's DataFaultError reaches the main process pickled, or re-raised by torch with the
+    worker's traceback as its one argument: either way it keeps its type and names the file."""
+    import pickle
+
+    err = DataFaultError("/d/train/s/20/000070.pcd", "3 of 9 points have a non-finite (NaN/inf) value")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is DataFaultError and str(back) == str(err) and back.path == err.path
+    tb = f"Caught DataFaultError in DataLoader worker process 0.\nTraceback ...\n" \
+         f"opencood_ext.data.errors.DataFaultError: {err}"
+    again = DataFaultError(tb)
+    assert again.path == "/d/train/s/20/000070.pcd" and str(again) == str(err)
