@@ -28,7 +28,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
+import stat
 import types
 import typing
 from pathlib import Path
@@ -41,7 +43,30 @@ class ConfigError(ValueError):
     """A config problem; the message names the file and the key path."""
 
 
+class FieldError(ValueError):
+    """A dataclass's own validation (``__post_init__``) naming the field(s) at fault, so the
+    loader blames the file that set them: ``FieldError(msg, "lr")`` or, for a check across
+    sections, ``FieldError(msg, ("data", "modality"), ("model", "agent_types"))`` (key paths
+    relative to the dataclass; the first is the one the error names first)."""
+
+    def __init__(self, msg: str, *keys):
+        super().__init__(msg)
+        self.keys: List[Tuple[str, ...]] = [tuple(k.split(".")) if isinstance(k, str) else tuple(k) for k in keys]
+
+
 NONFINITE_OK = "nonfinite_ok"  # dataclass field metadata: this float field may be inf / nan
+MAX_CONFIG_BYTES = 1 << 20  # a config file (or a file it includes with base:) may hold at most 1 MiB
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=,@-]*")
+
+
+def check_plain_name(value: str, what: str) -> str:
+    """``value`` if it is one plain file-name component (letters, digits, ``_ . + = , @ -``; not ``.``
+    or ``..``, no path separator): what a run name or an evaluation label must be, so the folder
+    or file named after it stays inside its root. Else ValueError naming ``what``."""
+    if not isinstance(value, str) or not _PLAIN_NAME.fullmatch(value) or len(value) > 200:
+        raise ValueError(f"{what} must be a plain name (letters, digits, '_', '.', '-', '+', '=', ',', '@'; no "
+                         f"path separator, not '..', at most 200 characters), got {value!r}")
+    return value
 
 
 _SCI_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -128,18 +153,41 @@ def safe_yaml(text: str, where: str):
     return parse_yaml(text, where)[0]
 
 
-def read_config_text(path: Path) -> str:
-    """A config file's text; a missing file, a directory, non-UTF-8 bytes -> one-line ConfigError."""
+def _check_config_file(path: Path) -> None:
+    """A config file must be a regular file of at most MAX_CONFIG_BYTES (a device such as /dev/zero
+    would be read until memory runs out; a FIFO would block)."""
     try:
-        return path.read_text(encoding="utf-8")
+        st = os.stat(path)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory; give the experiment's .yaml file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{path}: is a directory; give the experiment's .yaml file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{path}: not a regular file (a device, pipe or socket); a config is a .yaml file")
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {st.st_size:,} bytes; a config file may hold at most {MAX_CONFIG_BYTES:,}")
+
+
+def read_config_text(path: Path) -> str:
+    """A config file's text; a missing file, a directory, a device or FIFO, a file over
+    MAX_CONFIG_BYTES, non-UTF-8 bytes -> one-line ConfigError."""
+    path = Path(path)
+    _check_config_file(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)  # bounded even if the file grows after the check
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory; give the experiment's .yaml file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: more than {MAX_CONFIG_BYTES:,} bytes; a config file may hold at most that")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
 
 
 def _read_yaml(path: Path) -> dict:
@@ -190,12 +238,17 @@ def load_yaml_tree(path, _seen: Optional[List[Path]] = None) -> Tuple[dict, _Pro
     bases = data.pop("base", [])
     if isinstance(bases, str):
         bases = [bases]
-    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
-        raise ConfigError(f"{path}: 'base' must be a path or a list of paths, got {bases!r}")
+    if not isinstance(bases, list) or not all(isinstance(b, str) and b.strip() for b in bases):
+        raise ConfigError(f"{path}: key 'base': must be a path or a list of paths, got {bases!r}")
     merged: dict = {}
     prov: _Prov = {}
     for base in bases:
-        base_data, base_prov = load_yaml_tree(path.parent / base, seen + [path])
+        base_path = path.parent / base
+        try:
+            _check_config_file(base_path)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: key 'base': cannot include {base!r}: {exc}") from None
+        base_data, base_prov = load_yaml_tree(base_path, seen + [path])
         _merge(merged, base_data, prov, "")
         prov.update(base_prov)
     _merge(merged, data, prov, str(path))
@@ -221,6 +274,8 @@ def apply_overrides(data: dict, prov: _Prov, overrides: Sequence[str]) -> None:
                 raise ConfigError(f"--set {item!r}: '{'.'.join(keys[:i + 1])}' is not a mapping")
             node = nxt
         node[keys[-1]] = value
+        for p in [p for p in prov if p[:len(keys)] == tuple(keys)]:
+            del prov[p]  # what the files set below this key is gone
         _mark(value, prov, "--set", tuple(keys))
 
 
@@ -336,9 +391,50 @@ def _build_dataclass(cls, value, path: Tuple[str, ...], prov: _Prov):
         raise _err(prov, path, f"missing required key(s) {missing} for {cls.__name__}")
     try:
         obj = cls(**kwargs)
+    except FieldError as exc:
+        raise _field_err(prov, path, exc.keys, str(exc)) from None
     except (ValueError, TypeError) as exc:
-        raise _err(prov, path, str(exc)) from None
+        raise _field_err(prov, path, _blamed_keys(cls, value, str(exc)), str(exc)) from None
     return obj
+
+
+def _blamed_keys(cls, value: dict, msg: str) -> List[Tuple[str, ...]]:
+    """The key a dataclass's own validation error is about, read from its message: the first
+    ``Class.field`` or ``field.sub.key`` (or, failing those, bare field name) it mentions, down to
+    the deepest key the config sets (its provenance is then exact); [] when none is named."""
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    tokens = re.findall(r"[A-Za-z_]\w*(?:\.[A-Za-z_0-9]\w*)*", msg)
+    ranked = ([t.split(".")[1:] for t in tokens if t.startswith(cls.__name__ + ".")]
+              + [t.split(".") for t in tokens if "." in t]
+              + [[t] for t in tokens])
+    for parts in ranked:
+        if not parts or parts[0] not in names:
+            continue
+        key, node = [], value
+        for part in parts:
+            if not isinstance(node, dict) or part not in node:
+                break
+            key.append(part)
+            node = node[part]
+        return [tuple(key or parts[:1])]
+    return []
+
+
+def _field_err(prov: _Prov, path: Tuple[str, ...], keys: List[Tuple[str, ...]], msg: str) -> ConfigError:
+    """A dataclass validation error blamed on the file that set ``keys[0]`` (below ``path``); the
+    other keys it names are added with their files when those differ."""
+    if not keys:
+        return _err(prov, path, msg)
+    first = path + keys[0]
+    where = _where(prov, first)
+    if prov.get(()) and not any(p[:len(first)] == first for p in prov):
+        where = prov[()]  # a key no file sets (missing, or left at its default): the experiment's own file
+    own = ".".join(keys[0]) + ": "
+    if msg.startswith(own):  # the line names the key once
+        msg = msg[len(own):]
+    extra = [f"key '{'.'.join(path + k)}' from {_where(prov, path + k)}" for k in keys[1:]
+             if _where(prov, path + k) != where]
+    return ConfigError(f"{where}: key '{'.'.join(first)}': {msg}" + (f" ({'; '.join(extra)})" if extra else ""))
 
 
 def config_from_dict(schema, data: dict, prov: Optional[_Prov] = None):

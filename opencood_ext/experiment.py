@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import logging
+import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from opencood_ext.comm.receiver import ReceiverConfig
-from opencood_ext.config import ConfigError, config_to_dict, load_config
+from opencood_ext.config import ConfigError, FieldError, check_plain_name, config_to_dict, load_config
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset, DataConfig
 from opencood_ext.data.errors import DataFormatError
@@ -67,13 +70,167 @@ class ExperimentConfig:
     receiver: ReceiverConfig = field(default_factory=ReceiverConfig)
 
     def __post_init__(self):
-        model_types = set(self.model.get("agent_types", {}))
+        try:
+            check_plain_name(self.name, "name (the run folder is named after it)")
+        except ValueError as exc:
+            raise FieldError(str(exc), "name") from None
+        if not isinstance(self.model, dict):
+            raise FieldError(f"model must be a mapping, got {self.model!r}", "model")
+        model_types = set(self.model.get("agent_types") or {})
         data_types = set(self.data.agent_types)
         early = self.model.get("fusion") == "early"
         if model_types and (not model_types <= data_types if early else model_types != data_types):
-            raise ValueError(f"data.agent_types {sorted(data_types)} and model.agent_types "
+            raise FieldError(f"data.agent_types {sorted(data_types)} and model.agent_types "
                              f"{sorted(model_types)} must name the same types (early fusion: the "
-                             f"model's types are the egos', a subset of the data's)")
+                             f"model's types are the egos', a subset of the data's)",
+                             ("model", "agent_types"), ("data", "agent_types"))
+        check_choices(self)
+
+
+_LINK_DERIVED = ("channels", "agent_types", "lidar_range")  # what CooperativeDetector passes every link
+_WIDTH_KEY = re.compile(r"(^|_)(filters|channels|channel_mult)$")  # layer widths: > 0
+_STRIDE_KEY = re.compile(r"(^|_)strides$")  # > 0 (an upsample stride may be a fraction)
+_COUNT_KEY = re.compile(r"^(layer_nums|blocks|num_res_blocks)$")  # layers per level: >= 0
+
+
+def _literal_choices(tp) -> Optional[tuple]:
+    """The allowed values of a ``Literal[...]`` (or ``Optional[Literal[...]]``) annotation, else None."""
+    if typing.get_origin(tp) is typing.Literal:
+        return typing.get_args(tp)
+    if typing.get_origin(tp) is typing.Union:
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(inner) == 1 and typing.get_origin(inner[0]) is typing.Literal:
+            return typing.get_args(inner[0]) + (None,)
+    return None
+
+
+def _check_spec(spec, registry, key: tuple, derived: Sequence[str] = (), default_type: Optional[str] = None,
+                all_args: bool = True) -> type:
+    """A component spec ``{type: name, **args}`` checked without building it: the type is registered,
+    (``all_args``) every argument is one the class takes and none is derived, and every argument
+    its constructor annotates with ``Literal`` (a closed choice, e.g. ``wire_dtype``) holds one of the
+    choices. -> the class. FieldError at ``key`` otherwise."""
+    where = ".".join(key)
+    if not isinstance(spec, dict):
+        raise FieldError(f"{where}: expected a mapping with a 'type' key, got {spec!r}", key)
+    name = spec.get("type", default_type)
+    if name is None:
+        raise FieldError(f"{where}: missing 'type'; one of {sorted(registry)}", key)
+    try:
+        cls = registry.get_class(name, f"{where}.type")
+    except ValueError as exc:
+        raise FieldError(str(exc), key + ("type",)) from None
+    params = inspect.signature(cls.__init__).parameters
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except (NameError, TypeError, AttributeError):  # an annotation that names a TYPE_CHECKING-only import
+        hints = {}
+    for arg, value in spec.items():
+        if arg == "type":
+            continue
+        if all_args and (arg in derived or arg not in params or arg == "self"):
+            valid = sorted(k for k in params if k != "self" and k not in derived)
+            raise FieldError(f"{where}.{arg}: not an argument of {name!r} (derived from the rest of the model, or "
+                             f"unknown); valid keys are {valid}", key + (arg,))
+        choices = _literal_choices(hints.get(arg))
+        if choices is not None and value not in choices:
+            raise FieldError(f"{where}.{arg}: {name!r} takes one of {[c for c in choices]}, got {value!r}",
+                             key + (arg,))
+    return cls
+
+
+def _check_sizes(node, key: tuple) -> None:
+    """Layer widths, strides and layer counts anywhere in the model section: a negative (or, for a
+    width or stride, zero) size would fail deep inside torch while the model is built."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            name = str(k)
+            rule = (">= 0" if _COUNT_KEY.search(name) else "> 0" if _WIDTH_KEY.search(name) or
+                    _STRIDE_KEY.search(name) else None)
+            if rule is not None:
+                values = v if isinstance(v, (list, tuple)) else [v]
+                ok = all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                         and (x >= 0 if rule == ">= 0" else x > 0) for x in values)
+                if values and not ok:
+                    raise FieldError(f"{'.'.join(key + (name,))}: sizes must be numbers {rule}, got {v!r}",
+                                     key + (name,))
+            else:
+                _check_sizes(v, key + (name,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_sizes(v, key + (str(i),))
+
+
+def check_choices(cfg: "ExperimentConfig") -> None:
+    """Every closed choice of an experiment checked against what the code can run, when it is
+    loaded (rather than when a model is built or a message first sent):
+
+    * ``train.lr`` > 0; ``data.classes`` (or every ``data.class_groups`` group) not empty;
+    * every type ``data.modality`` names (``all:``/``cycle:``) is in ``data.agent_types``; agents of
+      other types would be left out silently. Only ``model.fusion: none`` (no collaborator takes
+      part) may name others (configs/sim/m1_none.yaml: the m1 ego of the m1+m3 world);
+    * a model (``model.agent_types`` given) names its ``fusion`` (no default); a method that sends
+      over a link (intermediate) names its ``link``; fusion method, fusion op, link and encoder types
+      are registered; the link's arguments are its own, and closed choices among them (``wire_dtype``)
+      hold an allowed value; layer widths, strides and counts are not negative.
+    """
+    from .data.dataset import type_override
+    from .models import ENCODERS
+    from .models.detector import FUSION_OPS
+    from .models.links import LINKS
+
+    if not cfg.train.lr > 0:
+        raise FieldError(f"train.lr must be > 0 (0 never moves the weights), got {cfg.train.lr!r}", ("train", "lr"))
+    if cfg.data.class_groups:
+        for group, members in cfg.data.class_groups.items():
+            if not members:
+                raise FieldError(f"data.class_groups.{group} is empty: name the object types of the class",
+                                 ("data", "class_groups", str(group)))
+    elif not cfg.data.classes:
+        raise FieldError("data.classes is empty: no object would be a ground-truth box (name the object types "
+                         "detected, e.g. [vehicle.car])", ("data", "classes"))
+    model = cfg.model
+    fusion = model.get("fusion")
+    try:
+        forced = type_override(cfg.data.modality)
+    except ValueError as exc:
+        raise FieldError(str(exc), ("data", "modality")) from None
+    if forced:
+        outside = [t for t in forced if t not in cfg.data.agent_types]
+        if len(outside) == len(forced) or (outside and not (model.get("agent_types") and fusion == "none")):
+            raise FieldError(f"data.modality {cfg.data.modality!r} names {outside}, not agent types of this "
+                             f"experiment (data.agent_types: {sorted(cfg.data.agent_types)}): their agents would be "
+                             f"left out silently; add the types (data and model agent_types) or leave them out "
+                             f"of the modality", ("data", "modality"), ("data", "agent_types"))
+    if not model.get("agent_types"):
+        return  # no model described (a data-only experiment); building one says what is missing
+    if not isinstance(model["agent_types"], dict):
+        raise FieldError(f"model.agent_types must map type names to encoder stacks, got {model['agent_types']!r}",
+                         ("model", "agent_types"))
+    if fusion is None:
+        raise FieldError(f"model.fusion is required (no default): one of {sorted(FUSION_METHODS)}",
+                         ("model", "fusion"))
+    try:
+        method = FUSION_METHODS.get_class(fusion, "model.fusion")
+    except ValueError as exc:
+        raise FieldError(str(exc), ("model", "fusion")) from None
+    if "fusion_op" in model:
+        try:
+            FUSION_OPS.get_class(model["fusion_op"], "model.fusion_op")
+        except ValueError as exc:
+            raise FieldError(str(exc), ("model", "fusion_op")) from None
+    if method.needs_link:
+        if model.get("link") is None:
+            raise FieldError(f"model.link is required with model.fusion: {fusion} (no default): what collaborators "
+                             f"send, e.g. {{type: full_feature, wire_dtype: float32}}; links: {sorted(LINKS)}",
+                             ("model", "link"))
+        _check_spec(model["link"], LINKS, ("model", "link"), _LINK_DERIVED)
+    for t, stack in model["agent_types"].items():
+        key = ("model", "agent_types", str(t))
+        if not isinstance(stack, dict):
+            raise FieldError(f"{'.'.join(key)}: expected an encoder stack mapping, got {stack!r}", key)
+        _check_spec(stack.get("encoder"), ENCODERS, key + ("encoder",), all_args=False)
+    _check_sizes(model, ("model",))
 
 
 def load_experiment(path, overrides: Sequence[str] = ()) -> ExperimentConfig:

@@ -92,7 +92,7 @@ def test_non_utf8_config_names_the_file(tmp_path):
 def test_data_settings_that_would_drop_every_collaborator_are_refused(tmp_path, key, value, words):
     """Both gave ego-only samples without a word."""
     (tmp_path / "exp.yaml").write_text(f"name: x\ndata:\n  {key}: {value}\n")
-    with pytest.raises(ConfigError, match=rf"exp.yaml: key 'data': DataConfig\.{words}"):
+    with pytest.raises(ConfigError, match=rf"exp.yaml: key 'data\.{key}': DataConfig\.{words}"):
         load_experiment(tmp_path / "exp.yaml")
     with pytest.raises(ValueError, match=words):
         DataConfig(**{key: value})

@@ -36,6 +36,9 @@ class PillarFeatureNet(nn.Module):
         super().__init__()
         if not num_filters:
             raise ValueError("PillarFeatureNet.num_filters needs at least one layer width")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in num_filters):
+            raise ValueError(f"PillarFeatureNet.num_filters: layer widths must be positive integers, got "
+                             f"{list(num_filters)}")
         self.register_buffer("voxel_size", torch.tensor(voxel_size, dtype=torch.float32), persistent=False)
         self.register_buffer("origin", torch.tensor(lidar_range[:3], dtype=torch.float32), persistent=False)
         layers = []
