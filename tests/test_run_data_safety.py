@@ -169,8 +169,8 @@ def _first_step_weights(monkeypatch) -> list:
     return seen
 
 
-def test_training_an_imported_run_starts_from_and_keeps_the_imported_weights(imported_run, monkeypatch):
-    out, _ = imported_run
+def test_training_an_imported_run_starts_from_and_keeps_the_imported_weights(imported_run, monkeypatch, capsys):
+    out, cfg = imported_run
     ckpt = out / "checkpoints"
     imported_bytes = (ckpt / "best.pth").read_bytes()
     imported = torch.load(ckpt / "best.pth", weights_only=True)["model"]
@@ -189,6 +189,12 @@ def test_training_an_imported_run_starts_from_and_keeps_the_imported_weights(imp
     assert len(seen) == 1 and all(torch.equal(seen[0][k], v) for k, v in trained["model"].items())
     assert (ckpt / "imported.pth").read_bytes() == imported_bytes
     assert torch.load(ckpt / "latest.pth", weights_only=True)["epoch"] == 2
+    # importing again into the trained folder would overwrite its config.yaml and best.pth: refused
+    before = _files(out)
+    reference = json.loads((out / "import_report.json").read_text())["source"]
+    assert import_weights.main([reference, "--config", str(cfg), "-o", str(out)]) == 2
+    assert "training has started in this run folder" in _one_line(capsys.readouterr().err)
+    assert _files(out) == before
 
 
 def test_an_imported_run_killed_before_its_first_checkpoint_starts_from_the_imported_weights(imported_run,

@@ -212,7 +212,7 @@ def find_imported_start(paths: CheckpointPaths, map_location="cpu") -> Optional[
         if "imported_from" in state and "epoch" not in state:
             if not isinstance(state.get("model"), dict):
                 raise CheckpointError(f"{paths.best}: imported weights without a field 'model'")
-            if paths.imported.is_file() and paths.imported.read_bytes() != paths.best.read_bytes():
+            if paths.imported.is_file() and _differ(paths.imported, paths.best):
                 raise CheckpointError(f"{paths.best}: holds imported weights ({state['imported_from']}) other "
                                       f"than {paths.imported.name}, which this run started from; move the "
                                       f"one not to train from out of {paths.dir}")
@@ -220,6 +220,13 @@ def find_imported_start(paths: CheckpointPaths, map_location="cpu") -> Optional[
     if paths.imported.is_file():
         return load_checkpoint(paths.imported, map_location=map_location, required=("model",)), paths.imported
     return None
+
+
+def _differ(a: Path, b: Path) -> bool:
+    try:
+        return a.read_bytes() != b.read_bytes()
+    except FileNotFoundError:  # rank 0 (another process) renamed best.pth meanwhile: the same file
+        return False
 
 
 def keep_imported(paths: CheckpointPaths, source: Path) -> None:
