@@ -101,8 +101,8 @@ def test_a_failed_step_leaves_no_stamp(world):
 
 def test_a_resumed_evaluation_is_skipped_and_redone_after_retraining(tmp_path_factory, tmp_path, caplog):
     shared = trained_late_run(tmp_path_factory)
-    run = tmp_path / "run"  # a copy: the session's shared run folder stays as other tests expect it
-    shutil.copytree(shared, run)
+    run = tmp_path / "run"  # a copy: the session's shared run folder stays as other tests expect it;
+    shutil.copytree(shared, run, ignore=shutil.ignore_patterns("eval_*"))  # without other tests' evaluations
     profile = reproduce.Profile(scenarios=1, frames=1, overrides=[f"data.root={shared.parent / 'data'}",
                                                                   "eval.max_frames=2", "eval.plot_every=0"])
     caplog.set_level(logging.INFO, logger="gencomm.reproduce")
