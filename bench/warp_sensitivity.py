@@ -142,5 +142,10 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    for key, val in main(sys.argv[1:]).items():
+    from opencood_ext.cli.errors import USER_ERRORS, report
+    try:
+        out = main(sys.argv[1:])
+    except (*USER_ERRORS, ValueError) as exc:
+        sys.exit(report(exc))
+    for key, val in out.items():
         print(f"{key}  {val}")

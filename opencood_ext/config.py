@@ -56,16 +56,16 @@ class FieldError(ValueError):
 
 NONFINITE_OK = "nonfinite_ok"  # dataclass field metadata: this float field may be inf / nan
 MAX_CONFIG_BYTES = 1 << 20  # a config file (or a file it includes with base:) may hold at most 1 MiB
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=,@-]*")
+_PLAIN_NAME = re.compile(r"[^/\\\x00-\x1f\x7f]{1,200}")  # no path separator, no control character
 
 
 def check_plain_name(value: str, what: str) -> str:
-    """``value`` if it is one plain file-name component (letters, digits, ``_ . + = , @ -``; not ``.``
-    or ``..``, no path separator): what a run name or an evaluation label must be, so the folder
-    or file named after it stays inside its root. Else ValueError naming ``what``."""
-    if not isinstance(value, str) or not _PLAIN_NAME.fullmatch(value) or len(value) > 200:
-        raise ValueError(f"{what} must be a plain name (letters, digits, '_', '.', '-', '+', '=', ',', '@'; no "
-                         f"path separator, not '..', at most 200 characters), got {value!r}")
+    """``value`` if it is one plain file-name component (no ``/`` or ``\\``, not ``.`` or ``..``, no
+    control character, 1 to 200 characters): what a run name or an evaluation label must be, so the
+    folder or file named after it stays inside its root. Else ValueError naming ``what``."""
+    if not isinstance(value, str) or not _PLAIN_NAME.fullmatch(value) or value.strip() in (".", "..", ""):
+        raise ValueError(f"{what} must be a plain name (no path separator '/' or '\\', not '.' or '..', no "
+                         f"control character, 1 to 200 characters), got {value!r}")
     return value
 
 

@@ -2,7 +2,9 @@
 """Benchmarks (never assertions): ``python tools/bench.py NAME [args]``.
 
 Each benchmark is a module in ``bench/`` with ``main(argv) -> dict``; the dict
-is printed as a table and, with ``--json FILE``, written out. Run
+is printed as a table and, with ``--json FILE``, written out. A bad input (a
+truncated checkpoint, a missing run folder, a config error) is one line on
+stderr and exit status 2. Run
 ``python tools/bench.py --list`` to see them.
 """
 from __future__ import annotations
@@ -43,8 +45,12 @@ def main(argv=None):
         for name, (_, desc) in BENCHMARKS.items():
             print(f"{name:10s} {desc}")
         return 0
+    from opencood_ext.cli.errors import USER_ERRORS, report
     module = importlib.import_module(BENCHMARKS[args.name][0])
-    result = module.main(rest)
+    try:
+        result = module.main(rest)
+    except (*USER_ERRORS, ValueError) as exc:  # a truncated checkpoint, a bad run folder or argument
+        return report(exc)
     width = max((len(k) for k in result), default=0)
     for k, v in result.items():
         print(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}")

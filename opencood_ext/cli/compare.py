@@ -29,7 +29,8 @@ def parse_spec(text: str) -> Spec:
     run, label = text.rsplit(":", 1)
     if not label:
         raise ValueError(f"{text}: empty label after ':'")
-    return Path(run), label
+    from opencood_ext.cli.errors import check_label
+    return Path(run), check_label(label, f"{text}: LABEL")
 
 
 def _cell(value: float, ci) -> str:
@@ -53,11 +54,17 @@ def _table(header: List[str], rows: List[List[str]]) -> List[str]:
 def compare(specs: List[Spec], reference: int = 0, orders=("global",), resamples: int = 1000,
             seed: int = 0) -> Tuple[str, dict]:
     """(printed text, JSON summary) for the evaluations ``specs``; ``reference`` indexes ``specs``."""
-    from opencood_ext.eval.bootstrap import bootstrap_ap, load_eval_records, paired_difference, scene_draws
+    from opencood_ext.cli.errors import reading
+    from opencood_ext.eval.bootstrap import (bootstrap_ap, eval_labels, frames_path, load_eval_records,
+                                             paired_difference, scene_draws)
 
     loaded = []
     for run, label in specs:
-        label, rec = load_eval_records(run, label)
+        if label is None and Path(run).is_dir():
+            labels = eval_labels(run)
+            label = labels[0] if len(labels) == 1 else None  # else load_eval_records says none / several
+        with reading(frames_path(run, label) if label is not None else run, "evaluation records"):
+            label, rec = load_eval_records(run, label)
         loaded.append((f"{run}:{label}", rec))
     ref_name, ref = loaded[reference]
     try:
@@ -102,6 +109,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="also write the numbers to this JSON file")
     args = p.parse_args(argv)
+    from opencood_ext.cli.errors import USER_ERRORS, report
     try:
         specs = [parse_spec(s) for s in args.runs]
         reference = 0
@@ -112,9 +120,8 @@ def main(argv=None) -> int:
             reference = specs.index(ref)
         orders = ("global", "per_frame") if args.order == "both" else (args.order,)
         text, summary = compare(specs, reference, orders, args.resamples, args.seed)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (*USER_ERRORS, ValueError) as exc:  # a missing or truncated npz, frames that do not pair, a bad LABEL
+        return report(exc)
     print(text)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

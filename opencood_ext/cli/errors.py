@@ -6,14 +6,27 @@ the field, so a traceback would add nothing. Anything else still raises with its
 """
 from __future__ import annotations
 
+import contextlib
+import pickle
 import re
 import sys
+import zipfile
+import zlib
+from pathlib import Path
 
 from opencood_ext.config import ConfigError
 from opencood_ext.data.errors import DataFormatError
 from opencood_ext.training.checkpoint import CheckpointError
 
-USER_ERRORS = (ConfigError, DataFormatError, CheckpointError, FileNotFoundError)
+
+class InputFileError(ValueError):
+    """A file a tool reads (an evaluation's records, a results file) is truncated or not what it
+    should be; the message names the file."""
+
+
+USER_ERRORS = (ConfigError, DataFormatError, CheckpointError, FileNotFoundError, InputFileError)
+# what numpy / zipfile / json raise on a truncated or corrupt file they read
+READ_ERRORS = (OSError, EOFError, zipfile.BadZipFile, zlib.error, pickle.UnpicklingError, ValueError, KeyError)
 EXIT_USER_ERROR = 2
 _EXC_PREFIX = re.compile(r"^[\w.]+(Error|Exception|Frame|Unavailable): ")
 
@@ -38,3 +51,28 @@ def data_hint(exc: BaseException, skipping: bool) -> str:
     if isinstance(exc, DataFormatError) and not skipping:
         return " (set data.skip_bad_frames=true to leave bad frames out)"
     return ""
+
+
+@contextlib.contextmanager
+def reading(path, what: str = "file"):
+    """Turn a low-level read failure of ``path`` (truncated zip/npz, bad JSON, I/O error) into an
+    :class:`InputFileError` naming it; a FileNotFoundError or a user error passes unchanged."""
+    try:
+        yield
+    except USER_ERRORS:
+        raise
+    except READ_ERRORS as exc:
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        if str(path) not in detail:
+            detail = f"{path}: {detail}"
+        raise InputFileError(f"unreadable {what} ({type(exc).__name__}): {detail}") from None
+
+
+def check_label(label, flag: str = "--label"):
+    """``label`` (None passes) if it is a plain name: it becomes part of a file name in a run folder
+    (eval_<label>.json), so it may not hold a path separator or be '.' / '..'. ValueError otherwise."""
+    from opencood_ext.config import check_plain_name
+    if label is None:
+        return None
+    return check_plain_name(label, flag)
+

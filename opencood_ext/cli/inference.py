@@ -70,7 +70,8 @@ def main(argv=None) -> int:
                         "full-feature, STAMP, MPDA links); compare with the normal evaluation (tools/compare.py) "
                         "to see what their messages carry. Needs --label")
     p.add_argument("--label", default=None, help="name of the eval_<label>.json written (default: the fusion "
-                   "method, plus the channel settings when the channel is not perfect)")
+                   "method, plus the channel settings when the channel is not perfect); a plain name: no path "
+                   "separator, not '..'")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -90,7 +91,9 @@ def _run(args) -> int:
     from opencood_ext.runs import set_fusion
     from opencood_ext.comm.channel import ChannelConfig, parse_pose_noise
     from opencood_ext.training.checkpoint import seed_everything
+    from opencood_ext.cli.errors import check_label
 
+    check_label(args.label)  # eval_<label>.json is written into the run folder: a plain name, never a path
     if args.late_of:
         from opencood_ext.runs import late_fusion_of
         if args.out is None or args.model_dir is not None:

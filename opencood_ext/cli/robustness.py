@@ -42,6 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--no_progress", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from opencood_ext.cli.errors import USER_ERRORS, data_hint, report
     from opencood_ext.eval.robustness import parse_run, sweep, write_outputs
     from opencood_ext.models.fusion_methods import FUSION_METHODS
     from opencood_ext.runs import FUSION_ALIASES
@@ -58,9 +59,8 @@ def main(argv=None) -> int:
                 raise FileNotFoundError(f"--runs {s.label}: run folder {s.run_dir} does not exist")
         data = sweep(specs, levels, seed=args.channel_seed, split=args.split, max_frames=args.max_frames,
                      overrides=args.overrides, progress=not args.no_progress)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (*USER_ERRORS, ValueError) as exc:  # a bad --runs or level, a truncated checkpoint, a config error
+        return report(exc, data_hint(exc, skipping=False))
     paths = write_outputs(data, args.out)
     print((paths["md"]).read_text())
     print("wrote " + ", ".join(str(v) for v in paths.values()))
