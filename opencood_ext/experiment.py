@@ -88,7 +88,7 @@ class ExperimentConfig:
 
 
 _LINK_DERIVED = ("channels", "agent_types", "lidar_range")  # what CooperativeDetector passes every link
-_WIDTH_KEY = re.compile(r"(^|_)(filters|channels|channel_mult)$")  # layer widths: > 0
+_WIDTH_KEY = re.compile(r"(^|_)(filters|channels|channel_mult|voxel_size)$")  # layer widths, voxel sizes: > 0
 _STRIDE_KEY = re.compile(r"(^|_)strides$")  # > 0 (an upsample stride may be a fraction)
 _COUNT_KEY = re.compile(r"^(layer_nums|blocks|num_res_blocks)$")  # layers per level: >= 0
 
@@ -114,8 +114,8 @@ def _check_spec(spec, registry, key: tuple, derived: Sequence[str] = (), default
     if not isinstance(spec, dict):
         raise FieldError(f"{where}: expected a mapping with a 'type' key, got {spec!r}", key)
     name = spec.get("type", default_type)
-    if name is None:
-        raise FieldError(f"{where}: missing 'type'; one of {sorted(registry)}", key)
+    if not isinstance(name, str):
+        raise FieldError(f"{where}: 'type' must name one of {sorted(registry)}, got {name!r}", key + ("type",))
     try:
         cls = registry.get_class(name, f"{where}.type")
     except ValueError as exc:
@@ -148,7 +148,7 @@ def _check_sizes(node, key: tuple) -> None:
             rule = (">= 0" if _COUNT_KEY.search(name) else "> 0" if _WIDTH_KEY.search(name) or
                     _STRIDE_KEY.search(name) else None)
             if rule is not None:
-                values = v if isinstance(v, (list, tuple)) else [v]
+                values = [] if v is None else v if isinstance(v, (list, tuple)) else [v]  # None: the default
                 ok = all(isinstance(x, (int, float)) and not isinstance(x, bool)
                          and (x >= 0 if rule == ">= 0" else x > 0) for x in values)
                 if values and not ok:
@@ -210,6 +210,9 @@ def check_choices(cfg: "ExperimentConfig") -> None:
     if fusion is None:
         raise FieldError(f"model.fusion is required (no default): one of {sorted(FUSION_METHODS)}",
                          ("model", "fusion"))
+    if not isinstance(fusion, str) or not isinstance(model.get("fusion_op", ""), str):
+        bad = "fusion" if not isinstance(fusion, str) else "fusion_op"
+        raise FieldError(f"model.{bad} must be a name, got {model[bad]!r}", ("model", bad))
     try:
         method = FUSION_METHODS.get_class(fusion, "model.fusion")
     except ValueError as exc:

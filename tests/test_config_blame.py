@@ -181,3 +181,30 @@ def test_the_experiment_file_itself_must_be_a_small_regular_file(tmp_path):
     for path, words in (("/dev/zero", "not a regular file"), (str(tmp_path), "is a directory")):
         with pytest.raises(ConfigError, match=words):
             load_config(path, ExperimentConfig)
+
+
+def test_every_link_with_a_wire_dtype_refuses_an_unknown_one_at_load():
+    """The check reads each link's constructor annotation, so a new link gets it too."""
+    import inspect
+
+    from opencood_ext.experiment import _LINK_DERIVED, _check_spec
+    from opencood_ext.models.links import LINKS
+    checked = []
+    for name, cls in LINKS.items():
+        if "wire_dtype" not in inspect.signature(cls.__init__).parameters:
+            continue
+        with pytest.raises(FieldError, match="float64") as err:
+            _check_spec({"type": name, "wire_dtype": "float64"}, LINKS, ("model", "link"), _LINK_DERIVED)
+        assert err.value.keys == [("model", "link", "wire_dtype")]
+        assert _check_spec({"type": name, "wire_dtype": "int8"}, LINKS, ("model", "link"), _LINK_DERIVED) is cls
+        checked.append(name)
+    assert {"full_feature", "gencomm", "stamp", "mpda"} <= set(checked)
+
+
+@pytest.mark.parametrize("overrides,key", [(["model.fusion=[intermediate]"], "model.fusion"),
+                                           (["model.fusion_op={a: 1}"], "model.fusion_op"),
+                                           (["model.link.type=[full_feature]"], "model.link.type"),
+                                           (["model.agent_types.m1.encoder.voxel_size=[0.5, 0, 4]"],
+                                            "model.agent_types.m1.encoder.voxel_size")])
+def test_names_of_the_wrong_kind_are_one_line(sim, overrides, key):
+    assert _error(sim / "exp.yaml", overrides).startswith(f"--set: key '{key}': ")
