@@ -5,11 +5,15 @@ CARLA; without one it runs the same loop on the built-in world.
     gencomm-demo live --model_dir RUN [--backend auto|carla|builtin] [--host H --port P]
                       [--ticks N] [--out DIR] [--latency K] [--drop P]
                       [--pose-noise-m M] [--pose-noise-deg D] [--wire-dtype float16] [--show]
+                      [--set receiver.KEY=VALUE ...]
     gencomm-demo record -o DIR [--backend auto|carla|builtin] [--scenarios N] [--frames M]
 
 ``live`` prints running AP and bytes per tick, writes a bird's-eye PNG per tick
 and an animated GIF (``--out``, default RUN/live); ``--show`` also opens a
-matplotlib window when a display is available. ``record`` writes OPV2V-H-format
+matplotlib window when a display is available. The receiver follows the run's
+``receiver:`` config (bounds, budgets, ``max_age``, the alliance key), changed with
+``--set``; rejected messages are counted per rule in ``live_summary.json``.
+``record`` writes OPV2V-H-format
 data through the same recorder as ``gencomm-sim``. From a checkout,
 ``python tools/carla_demo.py`` runs the same command.
 """
@@ -76,7 +80,7 @@ def cmd_live(args) -> int:
         from opencood_ext.sim.live_view import LiveView
         from opencood_ext.runs import load_run
         try:
-            cfg, model = load_run(args.model_dir)
+            cfg, model = load_run(args.model_dir, args.overrides)
             effects = ChannelEffects(pose_noise_std_m=args.pose_noise_m, pose_noise_std_deg=args.pose_noise_deg,
                                      drop_prob=args.drop, latency_ticks=args.latency, seed=args.seed)
             live = LiveCooperation(cfg, model, effects, wire_dtype=args.wire_dtype)
@@ -99,14 +103,18 @@ def _live_loop(args, world, backend, live, view, out) -> int:
             print(f"tick {r.tick:4d}  ego {r.ego_id}  agents {len(r.agent_ids)}  received {r.received}  "
                   f"dets {len(r.boxes):3d}  GT {len(r.gt_boxes):3d}  bytes/msg {live.bytes_per_message:9.0f}  "
                   f"running AP@0.5 {ap[0.5]:.3f} AP@0.7 {ap[0.7]:.3f}"
-                  + (f"  rejected {len(r.rejected)}" if r.rejected else ""), flush=True)
+                  + (f"  rejected {len(r.rejected)} ("
+                     + ", ".join(f"{k}: {v}" for k, v in sorted(r.rejected_counts.items())) + ")"
+                     if r.rejected else ""), flush=True)
     except KeyboardInterrupt:
         print("interrupted; cleaning up", file=sys.stderr)
     animation = view.finish()
     summary = {"backend": backend, "ticks": live.ticks, "ap_global": live.running_ap(),
                "bytes_per_message": live.bytes_per_message, "frames": str(view.frames_dir),
                "animation": str(animation) if animation else None, "sent": live.effects.sent,
-               "dropped": live.effects.dropped, "delivered": live.effects.delivered}
+               "dropped": live.effects.dropped, "delivered": live.effects.delivered,
+               "rejected": live.total_rejected, "rejected_reasons": dict(live.rejected_reasons),
+               "authenticated": live.model.authenticated}
     (Path(out) / "live_summary.json").write_text(json.dumps({k: (str(v) if isinstance(v, Path) else v)
                                                              for k, v in summary.items()}, indent=2, default=str))
     print(f"frames in {view.frames_dir}; animation {animation}")
@@ -139,6 +147,9 @@ def main(argv=None) -> int:
     live.add_argument("--pose-noise-deg", type=float, default=0.0)
     live.add_argument("--wire-dtype", choices=["float32", "float16", "int8"], default=None)
     live.add_argument("--show", action="store_true", help="also open a live matplotlib window")
+    live.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override the run's config, e.g. the receiver's bounds and alliance key: "
+                           "--set receiver.max_age=2 --set receiver.key_env=GENCOMM_ALLIANCE_KEY")
     _add_backend_args(live)
     rec = sub.add_parser("record", help="record OPV2V-H-format data")
     rec.add_argument("-o", "--out", type=Path, required=True)
