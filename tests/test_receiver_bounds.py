@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from opencood_ext.comm import Message, encode, wire
-from opencood_ext.comm.messages import Acceptance, Messages, ReceiverContext, receive_frame, receive_packet
+from opencood_ext.comm.messages import (Acceptance, Messages, ReceiverContext, receive_frame, receive_packet,
+                                        rule_of)
 from opencood_ext.comm.receiver import ReceiverConfig
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
@@ -233,8 +234,17 @@ def test_pose_translation_bound_is_checked_at_decode():
     pose[1, 3] = 2e5
     packet = encode(Message(20, "m1", 0.0, pose, torch.zeros(1, 2, 2)))
     assert wire.decode(packet).pose[1, 3] == 2e5  # no bound unless the receiver sets one
-    with pytest.raises(wire.MessageError, match="translation 2e\\+05 m exceeds the receiver's bound 100000 m"):
+    with pytest.raises(wire.MessageError, match="translation: 2e\\+05 m exceeds the receiver's bound 100000 m"):
         wire.decode(packet, wire.Limits(max_translation=1e5))
+
+
+def test_rejections_are_counted_by_rule():
+    assert [rule_of(r) for r in ("payload kind 'bev', this receiver reads 'codes'", "payload shape (2, 3, 4), no",
+                                 "unknown agent type 'm9' (known: ['m1'])", "stale: sent at 1, now 5, older than 2",
+                                 "header CRC mismatch (corrupted header)", "pose translation: 1e+39 m exceeds",
+                                 "payload magnitude: 5e+03 exceeds the receiver's bound 1000")] == \
+        ["payload kind", "payload shape", "unknown agent type", "stale", "header CRC mismatch", "pose translation",
+         "payload magnitude"]
 
 
 def test_receiver_config_validates_its_fields():

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
@@ -197,6 +198,15 @@ class Delivery:
         return {r: b for r, b in zip(self.sent.source_row, self.bytes_sent)}
 
 
+_RULE_END = re.compile(r"\s[\d'\"(\[+-]|,")
+
+
+def rule_of(reason: str) -> str:
+    """The rule a rejection reason names, for counting: its text before the first ':', cut before
+    the first number, quoted value or parenthesis ("stale", "payload shape", "unknown agent type")."""
+    return _RULE_END.split(reason.split(":", 1)[0], 1)[0].strip()
+
+
 def _packet_bytes_reason(packet: bytes, accept: Acceptance) -> Optional[str]:
     if accept.max_bytes is not None and len(packet) > accept.max_bytes:
         return f"message too large: {len(packet)} bytes, this receiver accepts at most {accept.max_bytes}"
@@ -227,7 +237,7 @@ def receive_frame(packets: Sequence[bytes], accept: Acceptance, context: Optiona
     (:func:`receive_packet`), then against the frame: not from the receiver's own id, a member of
     ``context.registry`` declaring its registered type, the first accepted message of its sender
     (later ones are duplicates), and within ``budget`` (messages, bytes, boxes, points; the
-    excess is rejected). Rejections carry a reason whose text before the first ':' names the rule."""
+    excess is rejected). Each rejection carries a reason; :func:`rule_of` names its rule."""
     context = context or ReceiverContext()
     out = Receipt()
     senders: Set[int] = set()

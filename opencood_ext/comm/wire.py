@@ -146,7 +146,7 @@ def check_pose(pose, what: str = "pose", max_translation: Optional[float] = None
     if not np.isfinite(T).all():
         raise MessageError(f"{what} has non-finite entries")
     if max_translation is not None and float(np.abs(T[:3, 3]).max()) > max_translation:
-        raise MessageError(f"{what} translation {float(np.abs(T[:3, 3]).max()):.3g} m exceeds the receiver's "
+        raise MessageError(f"{what} translation: {float(np.abs(T[:3, 3]).max()):.3g} m exceeds the receiver's "
                            f"bound {max_translation:g} m")
     if not np.allclose(T[3], [0.0, 0.0, 0.0, 1.0], atol=POSE_TOL, rtol=0):
         raise MessageError(f"{what} last row must be [0, 0, 0, 1], got {T[3].tolist()}")
@@ -242,9 +242,9 @@ def _unpack_header(data: bytes) -> tuple:
     head = bytes(data[:HEADER.size])
     fields = HEADER.unpack(head)
     if fields[0] != MAGIC:
-        raise MessageError(f"bad magic {fields[0]!r}, expected {MAGIC!r}")
+        raise MessageError(f"bad magic: {fields[0]!r}, expected {MAGIC!r}")
     if fields[1] not in (VERSION, VERSION_SIGNED):
-        raise MessageError(f"unsupported version {fields[1]}, expected {VERSION} or {VERSION_SIGNED}")
+        raise MessageError(f"unsupported version: {fields[1]}, expected {VERSION} or {VERSION_SIGNED}")
     (head_crc,) = struct.unpack_from("<I", data, HEADER.size)
     if zlib.crc32(head) != head_crc:
         raise MessageError("header CRC mismatch (corrupted header)")
@@ -305,9 +305,9 @@ def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
     pose = np.array(f[7:23], dtype=np.float64).reshape(4, 4)
     shape, scale, length, crc = tuple(f[23:26]), f[26], f[27], f[28]
     if code not in _BY_CODE:
-        raise MessageError(f"unknown dtype code {code}")
+        raise MessageError(f"unknown dtype code: {code}")
     if kind_code not in _KIND_BY_CODE:
-        raise MessageError(f"unknown payload kind code {kind_code}")
+        raise MessageError(f"unknown payload kind code: {kind_code}")
     name, wire = _BY_CODE[code]
     kind = _KIND_BY_CODE[kind_code]
     check_shape(kind, shape)
@@ -317,10 +317,10 @@ def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
         raise MessageError(f"too many {kind}: {shape[1]} in one message, this receiver accepts at most "
                            f"{limits.max_rows}")
     if math.prod(shape) > limits.max_elements:
-        raise MessageError(f"payload of {math.prod(shape)} values is larger than this receiver accepts "
+        raise MessageError(f"payload too large: {math.prod(shape)} values, larger than this receiver accepts "
                            f"({limits.max_elements})")
     if length != math.prod(shape) * wire.itemsize:
-        raise MessageError(f"payload length {length} does not match shape {shape} of {name}")
+        raise MessageError(f"payload length: {length} does not match shape {shape} of {name}")
     total = HEADER_SIZE + length + (SIGNATURE_SIZE if signed else 0)
     if len(data) != total:
         kind_err = "truncated" if len(data) < total else "trailing bytes"
@@ -333,7 +333,7 @@ def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
     if not math.isfinite(timestamp):
         raise MessageError("timestamp is not finite")
     if name == "int8" and not (math.isfinite(scale) and 0 < scale * 127.0 <= float(np.finfo(np.float32).max)):
-        raise MessageError(f"int8 scale must be > 0 with 127 * scale within float32, got {scale}")
+        raise MessageError(f"int8 scale: must be > 0 with 127 * scale within float32, got {scale}")
     if b"\0" in type_bytes.rstrip(b"\0"):
         raise MessageError("agent_type has a NUL byte inside")
     try:
@@ -352,7 +352,7 @@ def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
         if not np.isfinite(values).all():
             raise MessageError("payload has non-finite values")
         if limits.max_abs is not None and float(np.abs(values).max()) > limits.max_abs:
-            raise MessageError(f"payload magnitude {float(np.abs(values).max()):.3g} exceeds the receiver's "
+            raise MessageError(f"payload magnitude: {float(np.abs(values).max()):.3g} exceeds the receiver's "
                                f"bound {limits.max_abs:g}")
     if kind == "boxes" and limits.boxes is not None:
         values = check_boxes(values, limits.boxes, tol=scale / 2 if name == "int8" else 0.0)

@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from opencood_ext.comm.channel import ChannelConfig
+from opencood_ext.comm.messages import rule_of
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.eval.ap import APAccumulator, format_ap_table, plot_pr_curves, pr_envelope
 from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap, frames_path
@@ -174,7 +175,7 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         sent.extend(pred.delivery.bytes_sent)
         collaborators += len(pred.delivery.bytes_sent)
         lost += len(pred.delivery.lost)
-        rejected.update(reason.split(":")[0] for _, reason in pred.delivery.rejected)
+        rejected.update(rule_of(reason) for _, reason in pred.delivery.rejected)
         if out_dir is not None and plot_every and i % plot_every == 0:
             path = Path(out_dir) / "bev" / f"{label or model.fusion}_{i:05d}.png"
             _plot_frame(dataset, i, boxes, gt, path,

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from opencood_ext.comm import ChannelEffects, encode
-from opencood_ext.comm.messages import from_wire, receive_frame
+from opencood_ext.comm.messages import from_wire, receive_frame, rule_of
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset
 from opencood_ext.data.frame import Frame
@@ -42,7 +42,7 @@ class TickResult:
     """One tick. boxes/scores: detections in the ego frame; gt_boxes likewise.
     bytes_sent: packet size per collaborator this tick (signature included); received/rejected:
     packets the ego accepted/refused this tick (with reasons); rejected_counts: how many were
-    refused by each rule (the reason's text before its first ':')."""
+    refused by each rule (:func:`~opencood_ext.comm.messages.rule_of`)."""
 
     tick: int
     ego_id: int
@@ -97,7 +97,7 @@ class LiveCooperation:
         receipt = receive_frame(self.effects.step(packets), model.acceptance(), context, model.receiver.budget())
         received = [m for _, m in receipt.accepted]
         rejected = [f"packet {k}: {reason}" for k, reason in receipt.rejected]
-        counts = Counter(reason.split(":")[0] for _, reason in receipt.rejected)
+        counts = Counter(rule_of(reason) for _, reason in receipt.rejected)
         self.rejected_reasons.update(counts)
         for reason in rejected:
             log.warning("tick %d: message rejected: %s", self.ticks + 1, reason)
