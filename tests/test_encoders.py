@@ -120,6 +120,67 @@ def test_second_runs_under_mixed_precision():
     assert relative_error < 0.03, f"bf16 map differs from float32 by {relative_error:.2%} of its norm"
 
 
+def _second_pass(enc, data, threads):
+    """Output and gradients of ``enc`` with torch at ``threads`` intra-op threads, and the count after."""
+    torch.set_num_threads(threads)
+    enc.zero_grad()
+    bev = enc(data).bev
+    (bev * torch.linspace(-1, 1, bev.numel()).reshape(bev.shape)).sum().backward()
+    return bev.detach(), [p.grad.clone() for p in enc.parameters()], torch.get_num_threads()
+
+
+def test_second_on_the_cpu_is_the_same_with_any_thread_count():
+    """spconv's CPU SubMConv3d is wrong with more than one thread (about 5% of the output, different on
+    every call); the encoder runs its sparse part on one thread, forward and backward, and gives the
+    caller back its thread count."""
+    torch.manual_seed(0)
+    enc = SecondEncoder(RANGE, [0.2, 0.2, 0.25], channels=[8, 16], blocks=[2, 1], out_z_channels=8)
+    data = _lidar(enc.voxel_size, clouds=(3000, 2000))
+    before = torch.get_num_threads()
+    try:
+        one = _second_pass(enc, data, 1)
+        for _ in range(3):
+            bev, grads, after = _second_pass(enc, data, 2)
+            assert after == 2
+            assert torch.equal(bev, one[0]) and all(torch.equal(a, b) for a, b in zip(grads, one[1]))
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            assert torch.equal(enc(data).bev, one[0]) and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_second_equals_its_dense_computation():
+    """A one-stage SECOND (SubMConv3d, the layer whose CPU kernel races, then the z conv) against the same
+    layers as dense conv3d, with the 2 threads of a 2-core machine. Inactive voxels are zero in the dense
+    input; BatchNorm has its initial statistics, so a zero stays zero and the two agree everywhere."""
+    torch.manual_seed(1)
+    enc = SecondEncoder(RANGE, [0.2, 0.2, 0.25], channels=[4], blocks=[0], out_z_channels=4).eval()
+    (subm, bn1, _), (zconv, bn2, _) = enc.stages[0][0], enc.z_conv
+    data = _lidar(enc.voxel_size, clouds=(3000,))
+    _, z, y, x = data.coords.long().T
+    dense = torch.zeros(1, 4, *enc.sparse_shape)
+    dense[0, :, z, y, x] = enc.mean_features(data.voxels, data.num_points).T
+    active = dense.abs().sum(1, keepdim=True) > 0
+
+    def layer(v, conv, bn, **kw):
+        out = torch.nn.functional.conv3d(v, conv.weight.permute(0, 4, 1, 2, 3), **kw)
+        return torch.relu((out - bn.running_mean[:, None, None, None]) /
+                          torch.sqrt(bn.running_var + bn.eps)[:, None, None, None] * bn.weight[:, None, None, None]
+                          + bn.bias[:, None, None, None])
+
+    with torch.no_grad():
+        h = layer(dense, subm, bn1, padding=1) * active  # submanifold: outputs at the active voxels only
+        want = layer(h, zconv, bn2, stride=(2, 1, 1))
+        before = torch.get_num_threads()
+        try:
+            torch.set_num_threads(2)
+            got = enc(data).bev
+        finally:
+            torch.set_num_threads(before)
+    torch.testing.assert_close(got, want.reshape(1, -1, *want.shape[-2:]), rtol=1e-4, atol=1e-5 * want.abs().max())
+
+
 def test_second_out_channels_follow_depth():
     enc = SecondEncoder(RANGE, [0.4, 0.4, 0.1], channels=[4, 8, 8], blocks=[0, 0, 0], out_z_channels=6)
     # nz = 40 -> 20 -> 10 -> (10 - 3) // 2 + 1 = 4 layers * 6 channels

@@ -12,10 +12,18 @@ spconv 2.3.8 asks ``torch.cuda.current_stream()`` for a stream handle in its
 backward and hash-table code even for CPU tensors, which fails on a CPU-only
 torch. :func:`install_cpu_stream_shim` replaces that lookup with one returning 0
 (no stream), which the CPU kernels ignore.
+
+CPU threads: spconv 2.3.8's CPU ``SubMConv3d`` gives wrong results with more than
+one intra-op thread, forward and backward alike (5% of the output's norm against
+a dense ``conv3d`` with 2 threads, different on every call; exact with 1: see
+``tests/test_encoders.py``). So on the CPU the sparse part runs on one thread,
+forward and backward (:class:`_SetThreadsInBackward` marks both ends of its part
+of the autograd graph), and everything else keeps the caller's thread count.
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from contextlib import contextmanager
+from typing import Iterator, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -51,6 +59,36 @@ def install_cpu_stream_shim() -> bool:
 
 
 install_cpu_stream_shim()
+
+
+@contextmanager
+def _threads(n: int) -> Iterator[int]:
+    """torch's intra-op thread count set to ``n`` inside; yields (and afterwards restores) the count before."""
+    before = torch.get_num_threads()
+    if before != n:
+        torch.set_num_threads(n)
+    try:
+        yield before
+    finally:
+        if before != n:
+            torch.set_num_threads(before)
+
+
+class _SetThreadsInBackward(torch.autograd.Function):
+    """Identity whose backward sets torch's intra-op thread count to ``n`` before passing the gradient on.
+
+    Put on the sparse part's output with n = 1 and on its input with the caller's count: the backward
+    reaches the output first and the input last, so spconv's backward runs between them on one thread."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, n: int) -> torch.Tensor:
+        ctx.n = n
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        torch.set_num_threads(ctx.n)
+        return grad, None
 
 
 def _conv_out(n: int, kernel: int, stride: int, padding: int) -> int:
@@ -126,10 +164,22 @@ class SecondEncoder(nn.Module):
         # float32 even under mixed precision (train.amp): spconv has no bfloat16 kernels
         with torch.autocast(data.voxels.device.type, enabled=False):
             feats = self.mean_features(data.voxels.float(), data.num_points)
-            x = spconv.SparseConvTensor(feats, data.coords.int(), self.sparse_shape, data.num_agents)
-            for stage in self.stages:
-                x = stage(x)
-            x = self.z_conv(x)
-            dense = x.dense()  # (A, Cz, D, H, W)
+            if data.voxels.is_cuda:
+                dense = self._sparse(feats, data)
+            else:  # spconv's CPU kernels are only right on one thread (module docstring)
+                with _threads(1) as caller:
+                    fence = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+                    if fence:  # the input end: its backward, the last of the sparse part's, restores the count
+                        feats = _SetThreadsInBackward.apply(feats.requires_grad_(), caller)
+                    dense = self._sparse(feats, data)
+                    if fence:  # the output end: its backward, the first, sets one thread
+                        dense = _SetThreadsInBackward.apply(dense, 1)
         a, c, d, h, w = dense.shape
         return EncoderOutput(bev=dense.reshape(a, c * d, h, w))
+
+    def _sparse(self, feats: torch.Tensor, data: LidarInput) -> torch.Tensor:
+        """(V, 4) mean voxel features -> (A, Cz, D, H, W) dense output of the sparse backbone."""
+        x = spconv.SparseConvTensor(feats, data.coords.int(), self.sparse_shape, data.num_agents)
+        for stage in self.stages:
+            x = stage(x)
+        return self.z_conv(x).dense()
