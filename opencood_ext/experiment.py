@@ -32,7 +32,7 @@ from opencood_ext.data.dataset import CooperativeDataset, DataConfig
 from opencood_ext.data.errors import DataFormatError
 from opencood_ext.data.formats import get_reader
 from opencood_ext import methods  # noqa: F401  (registers the heterogeneous baselines' links)
-from opencood_ext.models import build, voxel_sizes
+from opencood_ext.models import build, check_args, voxel_sizes
 from opencood_ext.models.fusion_methods import FUSION_METHODS, FusionMethod
 
 from .models.detector import CooperativeDetector
@@ -207,6 +207,11 @@ def check_choices(cfg: "ExperimentConfig") -> None:
     if not isinstance(model["agent_types"], dict):
         raise FieldError(f"model.agent_types must map type names to encoder stacks, got {model['agent_types']!r}",
                          ("model", "agent_types"))
+    for key in model:  # a misspelt key first: "link is required" would hide the 'lnk' that meant it
+        try:
+            check_args(CooperativeDetector, "cooperative", {} if key == "type" else {key: model[key]}, "model")
+        except ValueError as exc:
+            raise FieldError(str(exc), ("model", str(key))) from None
     if fusion is None:
         raise FieldError(f"model.fusion is required (no default): one of {sorted(FUSION_METHODS)}",
                          ("model", "fusion"))

@@ -211,7 +211,7 @@ def test_config_schema_through_the_yaml_loader(tmp_path):
     with pytest.raises(ConfigError, match="did you mean 'optimizer'"):
         load_config(p, TrainConfig)
     p.write_text("train:\n  epochs: 0\n")  # as a section of an experiment file
-    with pytest.raises(ConfigError, match=r"t.yaml: key 'train': TrainConfig.epochs must be > 0"):
+    with pytest.raises(ConfigError, match=r"t.yaml: key 'train.epochs': TrainConfig.epochs must be > 0"):
         load_config(p, _Experiment)
     with pytest.raises(ValueError, match="milestones"):
         TrainConfig(lr_scheduler="multistep")

@@ -17,6 +17,22 @@ def _close(word: str, choices) -> str:
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
+def check_args(cls: type, name: str, args: Mapping[str, Any], where: str,
+               derived: Mapping[str, Any] = {}) -> Dict[str, inspect.Parameter]:
+    """Raise ValueError for a key of ``args`` that ``cls`` (registered as ``name``) does not take, or that
+    the caller derives (``derived``); the closest valid key is named. Returns the constructor's parameters."""
+    params = {k: p for k, p in inspect.signature(cls.__init__).parameters.items()
+              if k != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    for key in args:
+        if key in derived:
+            raise ValueError(f"{where}.{key}: is derived from the rest of the model (here {derived[key]!r}); "
+                             f"remove it from the config")
+        if key not in params:
+            raise ValueError(f"{where}.{key}: not an argument of '{name}'{_close(key, params)}; "
+                             f"valid keys are {sorted(k for k in params if k not in derived)}")
+    return params
+
+
 def build(spec: Mapping[str, Any], registry: Mapping[str, type], where: str,
           default_type: Optional[str] = None, **derived):
     """Instantiate ``registry[spec["type"]](**args)``.
@@ -36,15 +52,7 @@ def build(spec: Mapping[str, Any], registry: Mapping[str, type], where: str,
                          f"valid types are {sorted(registry)}")
     cls = registry[name]
     args = {k: v for k, v in spec.items() if k != "type"}
-    params = {k: p for k, p in inspect.signature(cls.__init__).parameters.items()
-              if k != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-    for key in args:
-        if key in derived:
-            raise ValueError(f"{where}.{key}: is derived from the rest of the model (here {derived[key]!r}); "
-                             f"remove it from the config")
-        if key not in params:
-            raise ValueError(f"{where}.{key}: not an argument of '{name}'{_close(key, params)}; "
-                             f"valid keys are {sorted(k for k in params if k not in derived)}")
+    params = check_args(cls, name, args, where, derived)
     for key in derived:
         if key not in params:
             raise TypeError(f"{where}: '{name}' does not take the derived argument '{key}'")
