@@ -289,6 +289,8 @@ def cooperation_for(fusion: str, train: bool) -> str:
 
 def reader_kwargs(data: DataConfig) -> Dict[str, object]:
     kw: Dict[str, object] = {"skip_bad": data.skip_bad_frames, **data.reader_options}
+    if data.strict:  # the reader raises its index-time faults itself, rather than warning first
+        kw["strict"] = True
     if data.cache_dir is not None:
         kw["cache_dir"] = data.cache_dir
     if data.format == "opv2v":

@@ -300,3 +300,19 @@ def test_fault_error_survives_dataloader_workers():
          f"opencood_ext.data.errors.DataFaultError: {err}"
     again = DataFaultError(tb)
     assert again.path == "/d/train/s/20/000070.pcd" and str(again) == str(err)
+
+
+def test_data_strict_reaches_the_reader_through_the_experiment(data, tmp_path):
+    """build_dataset with data.strict: the reader itself raises the fault (naming the file), with no
+    DataFaultWarning before it; without strict the same data warns and reads on."""
+    from opencood_ext.experiment import build_dataset, load_experiment
+    from tiny_runs import PP, tiny_config
+    agent_file(data, 30, "000072").unlink()
+    path = tiny_config(tmp_path, data, "strict_exp", {"m1": PP}, {"fusion": "late"})
+    cfg = load_experiment(path, ["data.strict=true"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataFaultWarning)
+        with pytest.raises(DataFaultError, match=re.escape(str(agent_file(data, 30, "000072")))):
+            build_dataset(cfg, "train", train=False)
+    with pytest.warns(DataFaultWarning):
+        assert len(build_dataset(load_experiment(path), "train", train=False)) == len(STAMPS)
