@@ -13,9 +13,10 @@ FUSION_ALIASES = {"no": "none"}  # OpenCOOD's spelling of the none method
 
 
 def checkpoint_of(run_dir: Path) -> Path:
-    """``best.pth`` when validation ran, else ``latest.pth``."""
+    """``best.pth`` when validation ran, else ``latest.pth``, else ``imported.pth`` (the weights of
+    a ``tools/import_weights.py`` folder whose fine-tuning has not written a checkpoint yet)."""
     ckpts = Path(run_dir) / "checkpoints"
-    for name in ("best.pth", "latest.pth"):
+    for name in ("best.pth", "latest.pth", "imported.pth"):
         if (ckpts / name).exists():
             return ckpts / name
     raise FileNotFoundError(f"{run_dir}: no checkpoints/best.pth or checkpoints/latest.pth (was it trained?)")

@@ -211,6 +211,9 @@ def test_an_imported_run_killed_before_its_first_checkpoint_starts_from_the_impo
     with pytest.raises(KeyboardInterrupt):
         train.main(["--model_dir", str(out), *QUICK])
     assert (ckpt / "imported.pth").read_bytes() == imported_bytes and not (ckpt / "latest.pth").exists()
+    from opencood_ext.runs import checkpoint_of, load_run
+    assert checkpoint_of(out) == ckpt / "imported.pth"  # evaluation still finds the imported weights
+    assert all(torch.equal(load_run(out)[1].state_dict()[k], v) for k, v in imported.items())
     monkeypatch.undo()
     seen = _first_step_weights(monkeypatch)
     assert train.main(["--model_dir", str(out), *QUICK]) == 0
