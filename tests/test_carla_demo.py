@@ -9,23 +9,17 @@ import pytest
 import torch
 
 from opencood_ext.data.formats import OPV2VReader
-from tiny_runs import GENCOMM, PP, tiny_config, tiny_dataset
+from tiny_runs import one_step_gencomm_run
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import carla_demo  # noqa: E402
-import train  # noqa: E402
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     torch.set_num_threads(2)
-    tmp = tmp_path_factory.mktemp("demo_run")
-    data = tiny_dataset(tmp / "data")
-    cfg = tiny_config(tmp, data, "demo", {"m1": PP}, {"fusion": "intermediate", "link": GENCOMM})
-    run = tmp / "run"
-    assert train.main(["-y", str(cfg), "--model_dir", str(run), "--set", "train.max_steps_per_epoch=1"]) == 0
-    return run
+    return one_step_gencomm_run(tmp_path_factory.mktemp("demo_run"), "demo")
 
 
 def _closed_port():

@@ -10,13 +10,12 @@ import torch
 import yaml
 
 from opencood_ext.experiment import load_experiment
-from tiny_runs import GENCOMM, PP, tiny_config, tiny_dataset
+from tiny_runs import GENCOMM, PP, one_step_gencomm_run, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import carla_demo  # noqa: E402
-import train  # noqa: E402
 
 KEY = "live-alliance-key-0123456789abcdef"
 
@@ -24,12 +23,7 @@ KEY = "live-alliance-key-0123456789abcdef"
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     torch.set_num_threads(2)
-    tmp = tmp_path_factory.mktemp("receiver_run")
-    data = tiny_dataset(tmp / "data")
-    cfg = tiny_config(tmp, data, "recv", {"m1": PP}, {"fusion": "intermediate", "link": GENCOMM})
-    run = tmp / "run"
-    assert train.main(["-y", str(cfg), "--model_dir", str(run), "--set", "train.max_steps_per_epoch=1"]) == 0
-    return run
+    return one_step_gencomm_run(tmp_path_factory.mktemp("receiver_run"), "recv")
 
 
 def test_receiver_section_loads_from_yaml_and_overrides(tmp_path):

@@ -48,6 +48,18 @@ def tiny_config(tmp_path, root, name, agent_types, model, modality="all:m1"):
     return path
 
 
+def one_step_gencomm_run(tmp: Path, name: str) -> Path:
+    """A GenComm m1 run on a tiny dataset, trained one step through tools/train.py (a model the live
+    demo can load; its weights do not matter). -> the run folder ``tmp/run``."""
+    from opencood_ext.cli import train
+
+    data = tiny_dataset(tmp / "data")
+    cfg = tiny_config(tmp, data, name, {"m1": PP}, {"fusion": "intermediate", "link": GENCOMM})
+    run = tmp / "run"
+    assert train.main(["-y", str(cfg), "--model_dir", str(run), "--set", "train.max_steps_per_epoch=1"]) == 0
+    return run
+
+
 def gencomm_stage1_runs(tmp: Path) -> dict:
     """GenComm's homogeneous stage-1 runs m1 (PointPillars) and m3 (SECOND) on a tiny dataset, trained
     through tools/train.py: what every onboarding method starts from. -> {type: run folder}."""
