@@ -4,7 +4,6 @@ modality types, fusion, link, classes, lr, layer sizes) is checked when the conf
 when a model is built or a message first sent. The layout is configs/sim's: an experiment
 including base.yaml and types/*.yaml."""
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -159,6 +158,7 @@ def test_name_cannot_leave_the_runs_root(sim):
     assert load_experiment(sim / "exp.yaml", ["name=sim_m1m3-v2.1"]).name == "sim_m1m3-v2.1"
 
 
+@pytest.mark.timeout(120)  # a hang guard: reading /dev/zero never ends
 @pytest.mark.parametrize("target", ["/dev/zero", "DIR", "BIG"])
 def test_base_includes_only_small_regular_files(tmp_path, target):
     """/dev/zero grew memory until the process was killed; now it is refused before reading."""
@@ -171,9 +171,7 @@ def test_base_includes_only_small_regular_files(tmp_path, target):
         target = str(big)
     exp = tmp_path / "exp.yaml"
     exp.write_text(f"name: x\nbase: [{target}]\n")
-    t0 = time.perf_counter()
     msg = _error(exp)
-    assert time.perf_counter() - t0 < 5
     assert msg.startswith(f"{exp}: key 'base': ") and target in msg
 
 

@@ -4,7 +4,6 @@ bounded, each frame's intake is budgeted, and a refused message never stops the 
 Hostile senders are modelled by replacing what the collaborators send (``method.send``) and
 running the model's real prediction path (encode, channel, decode, accept, detect)."""
 import dataclasses
-import time
 
 import numpy as np
 import pytest
@@ -171,25 +170,21 @@ def test_int8_boxes_are_checked_within_half_a_step_then_clamped():
     assert float(got[7]) == 1.0 and float(got[8]) == 1.0
 
 
-def test_100000_boxes_are_rejected_from_the_header_within_a_second(monkeypatch):
-    """The header's shape is enough to refuse it: a packet cut after its header gets the same answer
-    (nothing of the payload is read), and the real path refuses the whole packet quickly while the
+def test_100000_boxes_are_rejected_from_the_header(monkeypatch):
+    """The header's shape is enough to refuse it: a packet cut after its header gets the same answer,
+    so nothing of the payload is read (the time this takes is measured in the closing note, not
+    asserted: timing belongs in benchmarks), and the real path refuses the whole packet while the
     ego detects as alone."""
     model = _model("late")
     accept = model.acceptance()
     big = torch.tensor(GOOD_BOX).repeat(100_000, 1)[None]
     packet = encode(Message(20, "m3", 0.0, np.eye(4), big, kind="boxes"))
     got_head = receive_packet(packet[:wire.HEADER_SIZE], accept)
-    start = time.perf_counter()
     got = receive_frame([packet], accept, ReceiverContext(now=0.0))
-    elapsed = time.perf_counter() - start
     assert got_head == got.rejected[0][1] and got_head.startswith("too many boxes: 100000")
-    assert elapsed < 1.0
     batch = _batch(model)
     alone = _alone(model, batch)
-    start = time.perf_counter()
     pred = _predict_with(model, batch, lambda s: _with(s, payload=[big] * len(s)), monkeypatch)
-    assert time.perf_counter() - start < 10.0  # it was over 9 minutes before the bound
     assert len(pred.delivery.arrived) == 0 and all(r.startswith("too many boxes") for _, r in pred.delivery.rejected)
     _same(pred.detections[0], alone)
 
