@@ -267,6 +267,33 @@ def _collaborator_only_recall(archives: Sequence[SeedArchive], methods: Sequence
             "|---|" + "---|" * len(archives), *rows]
 
 
+class _SeedReportError(ValueError):
+    """A seed_report input that is not what it should be; the message names the file."""
+
+
+def _archive_command(args):
+    """``seed_report.py archive``: (archive folder, seed); raises _SeedReportError on a bad results file."""
+    if not args.results.is_file():
+        raise _SeedReportError(f"{args.results}: no such file")
+    try:
+        res = json.loads(args.results.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _SeedReportError(f"{args.results}: not a results.json ({exc})") from None
+    if not isinstance(res, dict):
+        raise _SeedReportError(f"{args.results}: not a results.json (expected a JSON object)")
+    for field in ("rows", "training_seeds", "profile", "seed"):
+        if field not in res:
+            raise _SeedReportError(f"{args.results}: missing field {field!r}")
+    seed = res["training_seeds"][0] if args.seed is None else args.seed
+    try:
+        folder = archive_seed(res["rows"], seed, args.out,
+                              {"profile": res["profile"], "data_seed": res["seed"], "from": str(args.results),
+                               "commit": args.commit or res.get("commit")})
+    except (OSError, KeyError, TypeError) as exc:
+        raise _SeedReportError(f"{args.results}: {exc}") from None
+    return folder, seed
+
+
 def main(argv=None) -> int:
     """``seed_report.py archive RESULTS_JSON -o DIR`` | ``seed_report.py report ARCHIVE... [-o FILE]``."""
     import argparse
@@ -286,26 +313,15 @@ def main(argv=None) -> int:
     r.add_argument("--json", type=Path, default=None, help="also write per-row AP per seed, mean and std")
     r.add_argument("--resamples", type=int, default=1000)
     args = p.parse_args(argv)
-    if args.cmd == "archive":
-        if not args.results.is_file():
-            raise SystemExit(f"{args.results}: no such file")
-        res = json.loads(args.results.read_text())
-        for field in ("rows", "training_seeds", "profile", "seed"):
-            if field not in res:
-                raise SystemExit(f"{args.results}: missing field {field!r}")
-        seed = res["training_seeds"][0] if args.seed is None else args.seed
-        try:
-            folder = archive_seed(res["rows"], seed, args.out,
-                                  {"profile": res["profile"], "data_seed": res["seed"], "from": str(args.results),
-                                   "commit": args.commit or res.get("commit")})
-        except (OSError, KeyError) as exc:
-            raise SystemExit(f"seed_report: {args.results}: {exc}") from None
-        print(f"archived seed {seed}: {folder}")
-        return 0
     try:
+        if args.cmd == "archive":
+            folder, seed = _archive_command(args)
+            print(f"archived seed {seed}: {folder}")
+            return 0
         archives = load_archives(args.archives)
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"seed_report: {exc}") from None
+    except (OSError, ValueError) as exc:  # _SeedReportError included
+        print(f"error: seed_report: {exc}", file=sys.stderr)
+        return 2
     text = "\n".join(seed_section(archives, args.resamples))
     print(text)
     if args.out:

@@ -36,3 +36,25 @@ def test_negative_test_scenes_fail_before_anything_is_written(tmp_path, monkeypa
     with pytest.raises(ValueError, match="test_scenes must be >= 0"):
         reproduce.reproduce(tmp_path / "out", tmp_path / "data", test_scenes=-1)
     assert ran == [] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("seeds, message", [("x", "expected integers separated by commas"),
+                                            ("0,0", "distinct integers >= 0"), ("1,-2", "distinct integers >= 0")])
+def test_bad_seeds_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, seeds, message):
+    monkeypatch.setattr(reproduce, "reproduce", lambda *a, **kw: pytest.fail("the main job must not start"))
+    with pytest.raises(SystemExit) as exit_:
+        _cli().main(["--out", str(tmp_path), "--seeds", seeds])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_seeds_reach_the_main_job(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake(out, data, profile, seed, seeds, **kw):
+        seen["seeds"] = seeds
+        (out / "REPORT.md").parent.mkdir(parents=True, exist_ok=True)
+        (out / "REPORT.md").write_text("report")
+        return out / "REPORT.md"
+    monkeypatch.setattr(reproduce, "reproduce", fake)
+    assert _cli().main(["--out", str(tmp_path), "--seeds", "0,1,2"]) == 0 and seen["seeds"] == [0, 1, 2]

@@ -4,6 +4,7 @@ the file and the field."""
 import dataclasses
 import json
 import math
+import re
 import shutil
 
 import numpy as np
@@ -175,11 +176,16 @@ def test_cli_archive_then_report(tmp_path, capsys):
     main(["archive", str(tmp_path / "results1.json"), "-o", str(tmp_path / "arch"), "--commit", "f1634c6"])
     assert load_archive(tmp_path / "arch" / "seed1").meta["commit"] == "f1634c6"
     assert json.loads((tmp_path / "spread.json").read_text())[0]["method"] == "No fusion"
-    with pytest.raises(SystemExit, match="seed_report: .*no seed archive here"):
-        main(["report", str(tmp_path)])
-    with pytest.raises(SystemExit, match="missing field 'training_seeds'"):
-        (tmp_path / "bad.json").write_text(json.dumps({"rows": []}))
-        main(["archive", str(tmp_path / "bad.json"), "-o", str(tmp_path / "arch")])
+    capsys.readouterr()
+    assert main(["report", str(tmp_path)]) == 2  # exit 2 and one line, as every other tool
+    assert re.fullmatch(r"error: seed_report: .*no seed archive here.*\n", capsys.readouterr().err)
+    (tmp_path / "bad.json").write_text(json.dumps({"rows": []}))
+    assert main(["archive", str(tmp_path / "bad.json"), "-o", str(tmp_path / "arch")]) == 2
+    assert "missing field 'training_seeds'" in capsys.readouterr().err
+    (tmp_path / "cut.json").write_text('{"rows": [')
+    assert main(["archive", str(tmp_path / "cut.json"), "-o", str(tmp_path / "arch")]) == 2
+    err = capsys.readouterr().err
+    assert "cut.json: not a results.json" in err and "Traceback" not in err and err.count("\n") == 1
 
 
 def test_main_job_spread_covers_earlier_invocations_of_the_same_experiment(tmp_path):

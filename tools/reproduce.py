@@ -19,6 +19,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def _seed_list(text: str):
+    """"0,1,2" -> [0, 1, 2]: distinct integers >= 0 (argparse turns the error into one line, exit 2)."""
+    try:
+        seeds = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, e.g. 0,1,2; got {text!r}") from None
+    if any(v < 0 for v in seeds) or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"seeds must be distinct integers >= 0, got {text!r}")
+    return seeds
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke-run profile (= --profile quick)")
@@ -34,7 +45,7 @@ def main(argv=None) -> int:
                    help="the stage-1 runs BackAlign, STAMP, MPDA and CodeFilling start from: 'own' (default: "
                         "full-feature homogeneous runs, as the reference code trains them) or 'gencomm' "
                         "(GenComm's stage-1 runs; run folders onboard_<method>_<types> without _own_stage1)")
-    p.add_argument("--seeds", default=None, metavar="S1,S2,...", help="training seeds (default: the profile's)")
+    p.add_argument("--seeds", type=_seed_list, default=None, metavar="S1,S2,...", help="training seeds (default: the profile's)")
     p.add_argument("--test_scenes", type=int, default=None, metavar="N",
                    help="scenes of the separate test set every table evaluates on (default: the profile's, 230 "
                         "for default; 0: the dataset's own test split); more scenes, narrower intervals")
@@ -47,8 +58,7 @@ def main(argv=None) -> int:
     profile = args.profile or ("quick" if args.quick else "default")
     out = args.out or Path("results" if profile == "default" else f"results/{profile}")
     data = args.data or Path("data/sim" if profile == "default" else f"data/sim_{profile}")
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-    report = reproduce(out.resolve(), data.resolve(), profile, args.seed, seeds, benchmark=not args.no_benchmark,
+    report = reproduce(out.resolve(), data.resolve(), profile, args.seed, args.seeds, benchmark=not args.no_benchmark,
                        robustness=not args.no_robustness,
                        benchmark_types=args.benchmark_types.split(",") if args.benchmark_types else None,
                        competitor_stage1=args.competitor_stage1, test_scenes=args.test_scenes)
