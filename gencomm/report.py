@@ -264,7 +264,13 @@ def steps_section(results: dict) -> list:
              "A step that a rerun found finished takes seconds; the training rows above give each run's logged "
              "training time.", "", "| step | minutes |", "|---|---|"]
     lines += [f"| {st['step']} | {st['seconds'] / 60:.1f} |" for st in steps]
-    return lines + [f"| **total** | **{results['total_wall_s'] / 60:.1f}** |", ""]
+    lines += [f"| **total** | **{results['total_wall_s'] / 60:.1f}** |", ""]
+    if "from_scratch" in results:  # results of older invocations do not say
+        lines += ["From scratch: nothing existed before this invocation, so the total is the main job's whole cost."
+                  if results["from_scratch"] else
+                  "Not from scratch: this invocation found " + ", ".join(f"`{p}`" for p in results["found_finished"])
+                  + " and reused what was finished there, so the total is not the main job's whole cost.", ""]
+    return lines
 
 
 def seed_section(results: dict) -> list:

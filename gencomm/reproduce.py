@@ -192,6 +192,14 @@ def _sets(items: List[str]) -> List[str]:
     return [a for item in items for a in ("--set", item)]
 
 
+def found_finished(out: Path, data: Path) -> List[str]:
+    """What an invocation could reuse instead of computing it: the dataset, the separate test set and
+    the run folders, where they already exist. Empty: the invocation runs from scratch, so its
+    ``total_wall_s`` is the main job's whole cost."""
+    places = [data, test_set_root(data), out / "runs"]
+    return [str(p) for p in places if p.exists() and (not p.is_dir() or any(p.iterdir()))]
+
+
 def simulate(data: Path, profile: Profile, seed: int) -> None:
     """Write the dataset; the simulator skips finished scenarios, so a present dataset costs nothing."""
     w, h = profile.camera_size
@@ -384,6 +392,7 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     seeds = list(seeds if seeds is not None else profile.seeds)
     out.mkdir(parents=True, exist_ok=True)
     runs = out / "runs"
+    reused = found_finished(out, data)
     started = time.time()
     steps = Steps()
     steps.run("simulate", simulate, data, profile, seed)
@@ -403,7 +412,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
                "test_data": str(test_root or data),
                "commit": commit,
                "rows": first["rows"], "onboarding": first["onboarding"], "stage1_wall_s": first["stage1_wall_s"],
-               "steps": steps.rows, "total_wall_s": time.time() - started}
+               "steps": steps.rows, "total_wall_s": time.time() - started,
+               "from_scratch": not reused, "found_finished": reused}
     # this invocation's seeds and earlier ones evaluated on the same test frames
     archives = seed_archives(out, profile_name, seed, like=out / "seeds" / f"seed{seeds[0]}")
     results["seed_archives"] = [str(a) for a in archives]

@@ -79,7 +79,28 @@ def test_report_heterogeneous_section_seed_spread_and_step_times(tmp_path):
     assert "## Run-to-run spread over training seeds" in report  # gencomm.seeds' section (tests/test_seeds.py)
     assert "| No fusion | 0.450 ± 0.071 | 0.450 ± 0.071 | 0.450 ± 0.071 | 0.500, 0.400 |" in report
     assert "| train m1_none | 9.0 |" in report and "| **total** | **10.0** |" in report
+    assert "From scratch" not in report  # older results do not say whether they were
     assert (tmp_path / "hetero_costs.png").stat().st_size > 1000
+
+
+def test_from_scratch_is_what_an_invocation_found(tmp_path):
+    """results.json's from_scratch: nothing to reuse (dataset, separate test set, run folders) at the start;
+    the steps section says which, so a total with skipped steps is never read as the whole cost."""
+    from gencomm.reproduce import found_finished
+    from gencomm.report import steps_section
+    out, data = tmp_path / "results", tmp_path / "data" / "sim"
+    assert found_finished(out, data) == []
+    (out / "runs").mkdir(parents=True)  # an empty folder holds nothing to reuse
+    assert found_finished(out, data) == []
+    (tmp_path / "data" / "sim_test").mkdir(parents=True)
+    (tmp_path / "data" / "sim_test" / "test").mkdir()
+    (out / "runs" / "m1_none").mkdir()
+    assert found_finished(out, data) == [str(tmp_path / "data" / "sim_test"), str(out / "runs")]
+    base = {"steps": [{"step": "simulate", "seconds": 60}], "total_wall_s": 60}
+    assert "From scratch: nothing existed" in "\n".join(steps_section({**base, "from_scratch": True,
+                                                                       "found_finished": []}))
+    text = "\n".join(steps_section({**base, "from_scratch": False, "found_finished": [str(out / "runs")]}))
+    assert f"Not from scratch: this invocation found `{out / 'runs'}`" in text
 
 
 def test_report_says_what_each_new_type_adds_paired_on_the_same_run(tmp_path):
