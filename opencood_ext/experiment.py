@@ -239,6 +239,11 @@ def check_choices(cfg: "ExperimentConfig") -> None:
             raise FieldError(f"{'.'.join(key)}: expected an encoder stack mapping, got {stack!r}", key)
         _check_spec(stack.get("encoder"), ENCODERS, key + ("encoder",), all_args=False)
     _check_sizes(model, ("model",))
+    sent = model.get("max_boxes", inspect.signature(CooperativeDetector).parameters["max_boxes"].default)
+    if isinstance(sent, int) and sent > cfg.receiver.max_boxes:  # any model can run late fusion (--fusion_method)
+        raise FieldError(f"model.max_boxes {sent} exceeds receiver.max_boxes {cfg.receiver.max_boxes}: under late "
+                         f"fusion every message of this model's senders would be rejected; raise receiver.max_boxes",
+                         ("model", "max_boxes"), ("receiver", "max_boxes"))
 
 
 def load_experiment(path, overrides: Sequence[str] = ()) -> ExperimentConfig:

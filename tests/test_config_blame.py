@@ -206,3 +206,12 @@ def test_every_link_with_a_wire_dtype_refuses_an_unknown_one_at_load():
                                             "model.agent_types.m1.encoder.voxel_size")])
 def test_names_of_the_wrong_kind_are_one_line(sim, overrides, key):
     assert _error(sim / "exp.yaml", overrides).startswith(f"--set: key '{key}': ")
+
+
+def test_a_model_sending_more_boxes_than_the_receiver_accepts_is_refused_at_load(sim):
+    """Any model can run late fusion (--fusion_method late): its senders' max_boxes above the receiver's
+    bound would have every box message rejected, so the pair is checked when the config loads."""
+    msg = _error(sim / "exp.yaml", ["model.max_boxes=1500"])
+    assert msg.startswith("--set: key 'model.max_boxes': model.max_boxes 1500 exceeds receiver.max_boxes 1000")
+    cfg = load_experiment(sim / "exp.yaml", ["model.max_boxes=1500", "receiver.max_boxes=1500"])
+    assert cfg.receiver.max_boxes == 1500
