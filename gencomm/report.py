@@ -12,15 +12,13 @@ from pathlib import Path
 import matplotlib
 import yaml
 
-from opencood_ext.eval.bootstrap import FrameRecords, paired_difference
 from opencood_ext.eval.localisation import FOUND_IOU
+
+from .report_cells import ap_cell, differences, fmt_bytes
+from .report_hetero import hetero_section
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-
-def _fmt_bytes(b: float) -> str:
-    return "0" if b <= 0 else f"{b:,.0f} (2^{math.log2(b):.1f})"
 
 
 def _training_minutes(results: dict) -> float:  # every table's rows
@@ -45,13 +43,6 @@ def _note(row: dict) -> str:
     return f"{row['note']}; {text}" if row["note"] else text
 
 
-def _ap(ev: dict, order: str, thr: str) -> str:
-    """``0.646 [0.60, 0.69]``: the AP and its 95% interval (``eval.ap_ci``), the AP alone without one."""
-    ap = ev["ap"][order][thr]
-    ci = (ev.get("ap_ci") or {}).get(order, {}).get(thr)
-    return f"{ap:.3f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
-
-
 def _interval_note(rows) -> list:
     """How the intervals were computed, from the rows' eval results, and the widest AP@0.5 half-width."""
     boot = [r["eval"] for r in rows if r["eval"].get("ap_ci") and r["eval"].get("bootstrap")]
@@ -63,55 +54,6 @@ def _interval_note(rows) -> list:
     return ["", f"Brackets: 95% {b['interval'].split(',')[0]} interval over the {'/'.join(map(str, scenes))} test "
             f"scenes ({b['resamples']} resamples of whole scenes, seed {b['seed']}; docs/statistics.md)"
             + (f"; the widest AP@0.5 half-width is {max(half):.3f}." if half else ".")]
-
-
-def _diff_cell(d, k: int) -> str:
-    """Threshold ``k`` of a paired difference (global order) as ``+0.012 [-0.01, +0.03]``, bold when
-    its interval excludes 0."""
-    cell = f"{d.diff['global'][k]:+.3f} [{d.lo['global'][k]:+.2f}, {d.hi['global'][k]:+.2f}]"
-    return f"**{cell}**" if d.significant("global")[k] else cell
-
-
-def _differences(rows, reference: str = "GenComm") -> list:
-    """Paired differences ``AP(row) - AP(GenComm)`` on the same test frames (the rows'
-    ``eval.frames_file``), global order, with their 95% intervals and which exclude 0."""
-    ref = next((r for r in rows if reference in r["method"]), None)
-    if ref is None:
-        return []
-    lines = ["", f"## Paired differences against {ref['method']}", "",
-             "Each method's AP minus GenComm's on the same test frames, global order; the 95% interval "
-             "resamples whole test scenes with the same draws for both methods. **Bold**: the interval "
-             "excludes 0 (significant at 95%).", "",
-             "| method | AP@0.3 | AP@0.5 | AP@0.7 | significant |", "|---|---|---|---|---|"]
-    ref_file = ref["eval"].get("frames_file")
-    if not ref_file or not Path(ref_file).is_file():
-        return lines[:2] + [f"Not computed: {ref['method']} has no per-frame records (eval frames_file)."]
-    ref_rec = FrameRecords.load(ref_file)
-    boot = ref["eval"].get("bootstrap") or {}
-    verdicts = {True: [], False: []}  # "method (AP@0.5, AP@0.7)" per side
-    for r in rows:
-        if r is ref:
-            continue
-        path = r["eval"].get("frames_file")
-        if not path or not Path(path).is_file():
-            lines.append(f"| {r['method']} | - | - | - | no per-frame records |")
-            continue
-        try:
-            d = paired_difference(FrameRecords.load(path), ref_rec, boot.get("resamples", 1000), boot.get("seed", 0))
-        except ValueError as exc:
-            lines.append(f"| {r['method']} | - | - | - | not paired: {exc} |")
-            continue
-        sig = d.significant("global")
-        cells = [_diff_cell(d, k) for k in range(len(d.thresholds))]
-        named = [f"AP@{t}" for k, t in enumerate(d.thresholds) if sig[k]]
-        for side in (True, False):
-            which = [f"AP@{t}" for k, t in enumerate(d.thresholds) if sig[k] == side]
-            if which:
-                verdicts[side].append(f"{r['method']} ({', '.join(which)})")
-        lines.append(f"| {r['method']} | " + " | ".join(cells) + f" | {', '.join(named) or 'none'} |")
-    lines += ["", "Significant: " + ("; ".join(verdicts[True]) or "none") + ".",
-              "Not significant: " + ("; ".join(verdicts[False]) or "none") + "."]
-    return lines
 
 
 def plot_ap_vs_bytes(rows, path: Path) -> Path:
@@ -308,13 +250,13 @@ def write_report(results: dict, out: Path) -> Path:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ev, e = r["eval"], r.get("ego_only", {})
-        solo = " / ".join(_ap(e, "global", t) for t in ("0.3", "0.5", "0.7")) if e.get("ap") else "-"
-        lines.append(f"| {r['method']} | {_ap(ev, 'global', '0.3')} | {_ap(ev, 'global', '0.5')} | "
-                     f"{_ap(ev, 'global', '0.7')} | {_ap(ev, 'per_frame', '0.5')} / {_ap(ev, 'per_frame', '0.7')} | "
-                     f"{solo} | {_fmt_bytes(r['eval']['bytes_per_message'])} | "
+        solo = " / ".join(ap_cell(e, "global", t) for t in ("0.3", "0.5", "0.7")) if e.get("ap") else "-"
+        lines.append(f"| {r['method']} | {ap_cell(ev, 'global', '0.3')} | {ap_cell(ev, 'global', '0.5')} | "
+                     f"{ap_cell(ev, 'global', '0.7')} | {ap_cell(ev, 'per_frame', '0.5')} / {ap_cell(ev, 'per_frame', '0.7')} | "
+                     f"{solo} | {fmt_bytes(r['eval']['bytes_per_message'])} | "
                      f"{r['trainable_params']:,} | {r['train_wall_s']:.0f} s | {_note(r)} |")
     lines += _interval_note(rows)
-    lines += _differences(rows)
+    lines += differences(rows)
     lines += _visibility_table(rows)
     lines += _localisation_table(rows)
     ob = results["onboarding"]
@@ -332,7 +274,6 @@ def write_report(results: dict, out: Path) -> Path:
               "", f"![AP against bytes]({plot.name})", ""]
     lines += _pr_section(rows, out)
     lines += robustness_section(out, rows)
-    from .report_hetero import hetero_section  # it reuses this module's cells
     lines += hetero_section(results["rows"], out)
     lines += seed_section(results)
     lines += steps_section(results)

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from opencood_ext.eval.bootstrap import FrameRecords, frames_path, paired_difference  # noqa: E402
 from opencood_ext.eval.dynamic import alliance_label  # noqa: E402
 
-from .report import _ap, _diff_cell, _differences, _fmt_bytes  # noqa: E402
+from .report_cells import ap_cell, diff_cell, differences, fmt_bytes  # noqa: E402
 
 
 TYPE_NAMES = {"m1": "PointPillars 64-beam", "m2": "LSS camera", "m3": "SECOND 32-beam",
@@ -25,7 +25,7 @@ TYPE_NAMES = {"m1": "PointPillars 64-beam", "m2": "LSS camera", "m3": "SECOND 32
 
 
 def _cell(d: dict, thr: str) -> str:
-    return _ap(d, "global", thr)
+    return ap_cell(d, "global", thr)
 
 
 def _costs(r: dict) -> tuple:
@@ -87,7 +87,7 @@ def _increment(r: dict, types: List[str]) -> str:
                               boot.get("seed", 0))
     except ValueError as exc:  # the two alliances were evaluated on different frames
         return f"not paired: {exc}"
-    return " / ".join(_diff_cell(d, k) for k, t in enumerate(d.thresholds) if round(float(t), 2) in (0.5, 0.7))
+    return " / ".join(diff_cell(d, k) for k, t in enumerate(d.thresholds) if round(float(t), 2) in (0.5, 0.7))
 
 
 def increments_section(rows: List[dict], types: List[str]) -> List[str]:
@@ -127,14 +127,14 @@ def hetero_section(rows: List[dict], out: Path) -> List[str]:
     for r in rows:
         ev = r["eval"]
         params, gflops = _costs(r)
-        lines.append(f"| {r['method']} | {_ap(ev, 'global', '0.3')} | {_ap(ev, 'global', '0.5')} | "
-                     f"{_ap(ev, 'global', '0.7')} | {_ap(ev, 'per_frame', '0.5')} / {_ap(ev, 'per_frame', '0.7')} | "
+        lines.append(f"| {r['method']} | {ap_cell(ev, 'global', '0.3')} | {ap_cell(ev, 'global', '0.5')} | "
+                     f"{ap_cell(ev, 'global', '0.7')} | {ap_cell(ev, 'per_frame', '0.5')} / {ap_cell(ev, 'per_frame', '0.7')} | "
                      f"{r['trainable_params']:,} | {params} | {gflops} | {r['train_wall_s']:.0f} s | "
-                     f"{_fmt_bytes(ev['bytes_per_message'])} |")
+                     f"{fmt_bytes(ev['bytes_per_message'])} |")
     lines += ["", "GFLOPs count what trains for a new type on one frame (the deformable convolution included); "
               "parameters per new type are those its onboarding trains (CodeFilling's quantiser is shared by all "
               "senders, so its total counts it once)."]
-    lines += _differences(rows)
+    lines += differences(rows)
     lines += increments_section(rows, types)
     plot = plot_costs(rows, out / "hetero_costs.png")
     lines += ["", f"![AP against trainable parameters and bytes]({plot.name})", ""]

@@ -7,19 +7,14 @@ from typing import Dict, Sequence, Tuple
 from .config import config_from_dict
 from .experiment import ExperimentConfig, build_model, join_types, load_experiment
 from .models.detector import CooperativeDetector
-from .training.checkpoint import load_model_state
+from .training.checkpoint import CheckpointPaths, load_model_state
 
 FUSION_ALIASES = {"no": "none"}  # OpenCOOD's spelling of the none method
 
 
 def checkpoint_of(run_dir: Path) -> Path:
-    """``best.pth`` when validation ran, else ``latest.pth``, else ``imported.pth`` (the weights of
-    a ``tools/import_weights.py`` folder whose fine-tuning has not written a checkpoint yet)."""
-    ckpts = Path(run_dir) / "checkpoints"
-    for name in ("best.pth", "latest.pth", "imported.pth"):
-        if (ckpts / name).exists():
-            return ckpts / name
-    raise FileNotFoundError(f"{run_dir}: no checkpoints/best.pth or checkpoints/latest.pth (was it trained?)")
+    """The weights ``run_dir`` is evaluated with (:meth:`CheckpointPaths.for_evaluation`)."""
+    return CheckpointPaths(run_dir).for_evaluation()
 
 
 def run_files(run_dir) -> Tuple[Path, Path]:

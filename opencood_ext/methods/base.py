@@ -16,6 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..eval.flops import flops_during, profile_flops
 from ..registry import Registry
+from ..training.checkpoint import CheckpointPaths
 
 ONBOARDING = Registry("onboarding method", "how new agent types join a frozen alliance (tools/onboard.py --method); "
                       "GenComm's registers when the gencomm package is imported")
@@ -102,9 +103,7 @@ def feature_map_cost(model, prefixes: Sequence[str]) -> Tuple[int, float]:
 
 def require_trained(run: Path, why: str) -> None:
     """ValueError naming ``run`` and ``why`` it must hold stage-1 weights, when it has no checkpoint."""
-    from ..runs import checkpoint_of  # runs -> experiment -> this package
-
     try:
-        checkpoint_of(run)
+        CheckpointPaths(run).for_evaluation()
     except FileNotFoundError as exc:
         raise ValueError(f"{run}: {why}, but {exc}") from None

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 from torch import nn
 
 from ..data.inputs import CameraInput, LidarInput
+from .components import BACKBONES, ENCODERS, SHRINKS, build
 from .inputs import EncoderOutput
 
 
@@ -56,9 +57,6 @@ class EncoderStack(nn.Module):
                  lidar_range: Sequence[float], shrink_channels: Optional[int] = None,
                  shrink: Optional[Mapping[str, Any]] = None, where: str = "encoder_stack"):
         super().__init__()
-        # local import: the registry lives in the package __init__, which imports this module
-        from . import BACKBONES, ENCODERS, SHRINKS, build
-
         self.encoder = build(encoder, ENCODERS, f"{where}.encoder", lidar_range=list(lidar_range))
         self.backbone = build(backbone, BACKBONES, f"{where}.backbone", default_type="resnet_bev",
                               in_channels=self.encoder.out_channels)

@@ -195,6 +195,15 @@ class CheckpointPaths:
         this folder starts from; training never writes or removes it (see runfolder.py)."""
         return self.dir / "imported.pth"
 
+    def for_evaluation(self) -> Path:
+        """The weights a run is evaluated with: ``best.pth`` when validation ran, else ``latest.pth``, else
+        ``imported.pth`` (an imported folder whose fine-tuning has not written a checkpoint yet)."""
+        for path in (self.best, self.latest, self.imported):
+            if path.exists():
+                return path
+        raise FileNotFoundError(f"{self.dir.parent}: no checkpoints/best.pth or checkpoints/latest.pth "
+                                f"(was it trained?)")
+
     def epoch_files(self) -> Dict[int, Path]:
         """Existing ``epoch_{n}.pth`` files by n."""
         out = {}
