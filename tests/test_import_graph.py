@@ -120,3 +120,38 @@ def test_the_graph_sees_local_imports_and_skips_type_checking_ones():
 
 def test_no_import_cycle():
     assert cycles(import_graph()) == []
+
+
+LOWER = ("models", "comm", "data", "geometry")  # never import the layers that use them
+UPPER = ("cli", "experiment", "runs", "training", "eval", "methods", "interop", "sim")
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "opencood_ext" and len(parts) > 1 else parts[0]
+
+
+def rule_breaks(graph: Dict[str, Set[str]]) -> List[str]:
+    """docs/architecture.md's dependency rule: opencood_ext never imports gencomm; only the command-line
+    modules import opencood_ext.cli; models, comm, data and geometry import none of the layers above."""
+    out = []
+    for m, deps in graph.items():
+        for d in deps:
+            if m.startswith("opencood_ext") and d.startswith("gencomm"):
+                out.append(f"{m} -> {d}: the substrate imports the method")
+            elif _package(d) == "cli" and _package(m) not in ("cli", "gencomm"):
+                out.append(f"{m} -> {d}: only command-line modules import opencood_ext.cli")
+            elif _package(m) in LOWER and _package(d) in UPPER:
+                out.append(f"{m} -> {d}: {_package(m)} imports the layer above it")
+    return sorted(out)
+
+
+def test_the_rule_checker_finds_a_break():
+    graph = {"opencood_ext.eval.robustness": {"opencood_ext.cli.inference"},
+             "opencood_ext.models.detector": {"opencood_ext.training.trainer", "opencood_ext.comm.wire"},
+             "opencood_ext.runs": {"gencomm.link"}}
+    assert len(rule_breaks(graph)) == 3
+
+
+def test_the_dependency_rule_holds():
+    assert rule_breaks(import_graph()) == []

@@ -29,22 +29,6 @@ import sys
 from pathlib import Path
 
 
-def channel_label(fusion: str, channel, latency_frames: int, wire_dtype) -> str:
-    """eval_<label>.json: the fusion method, plus what differs from the plain evaluation."""
-    parts = [fusion]
-    if channel.pose_noise_m or channel.pose_noise_deg:
-        parts.append(f"noise{channel.pose_noise_m:g}m{channel.pose_noise_deg:g}deg")
-    if channel.drop:
-        parts.append(f"drop{channel.drop:g}")
-    if latency_frames:
-        parts.append(f"latency{latency_frames}")
-    if wire_dtype:
-        parts.append(wire_dtype)
-    if len(parts) > 1 and channel.seed:
-        parts.append(f"seed{channel.seed}")
-    return "_".join(parts)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_dir", type=Path, default=None, help="the run to evaluate (results are written there)")
@@ -85,7 +69,7 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
-    from opencood_ext.eval.evaluate import evaluate
+    from opencood_ext.eval.evaluate import channel_label, evaluate
     from opencood_ext.experiment import build_dataset
     from opencood_ext.interop.runs import load_any_run  # ours, or a reference (OpenCOOD/HEAL) run folder
     from opencood_ext.runs import set_fusion

@@ -46,6 +46,23 @@ from opencood_ext.viz import plot_agents_bev
 log = logging.getLogger(__name__)
 
 
+def channel_label(fusion: str, channel: ChannelConfig, latency_frames: int, wire_dtype: Optional[str]) -> str:
+    """The ``<label>`` of ``eval_<label>.json``: the fusion method, plus what differs from the plain
+    evaluation (pose noise, loss, latency, wire dtype, and the channel seed when any of them is set)."""
+    parts = [fusion]
+    if channel.pose_noise_m or channel.pose_noise_deg:
+        parts.append(f"noise{channel.pose_noise_m:g}m{channel.pose_noise_deg:g}deg")
+    if channel.drop:
+        parts.append(f"drop{channel.drop:g}")
+    if latency_frames:
+        parts.append(f"latency{latency_frames}")
+    if wire_dtype:
+        parts.append(wire_dtype)
+    if len(parts) > 1 and channel.seed:
+        parts.append(f"seed{channel.seed}")
+    return "_".join(parts)
+
+
 @dataclass
 class EvalResult:
     """ap: {"global": {0.3: ., 0.5: ., 0.7: .}, "per_frame": {...}};

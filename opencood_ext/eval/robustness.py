@@ -6,7 +6,7 @@ For each run and each level of each effect the run is evaluated with
 (:mod:`opencood_ext.comm.channel`; latency from the dataset reader,
 ``latency_frames``), and the result lands in the run folder as
 ``eval_<label>.json``, ``<label>`` being the inference CLI's
-(:func:`opencood_ext.cli.inference.channel_label`). A JSON already there is
+(:func:`opencood_ext.eval.evaluate.channel_label`). A JSON already there is
 reused when it was written with the same settings (fusion method, channel,
 latency, frame count) after the run's weights: the sweep resumes where it
 stopped and reuses the main job's plain evaluations.
@@ -172,8 +172,7 @@ class _RunEvaluator:
         self.not_before = _weights_time(spec.run_dir)
 
     def evaluate(self, level: Level, channel: ChannelConfig, latency: int, fusion: Optional[str] = None) -> dict:
-        from ..cli.inference import channel_label
-        from .evaluate import evaluate
+        from .evaluate import channel_label, evaluate
         from ..experiment import build_dataset
         fusion = fusion or self.fusion
         label = channel_label(fusion, channel, latency, None) + self.suffix
