@@ -245,8 +245,8 @@ def test_experiment_receiver_section_reaches_the_model(monkeypatch, tmp_path):
     data = DataConfig(lidar_range=RANGE, agent_types={"m1": AgentTypeData()})
     key = tmp_path / "alliance.key"
     key.write_bytes(KEY)
-    model = build_model(ExperimentConfig(name="k", data=data, model=dict(MODEL),
-                                         receiver=ReceiverConfig(key_file=str(key), max_boxes=7)))
+    model = build_model(ExperimentConfig(name="k", data=data, model=dict(MODEL, max_boxes=7),  # the receiver's
+                                         receiver=ReceiverConfig(key_file=str(key), max_boxes=7)))  # bound >= it
     assert model.authenticated and model.acceptance().key == KEY and model.receiver.max_boxes == 7
     assert KEY.decode() not in repr(model.acceptance())
     unkeyed = build_model(ExperimentConfig(name="k", data=data, model=dict(MODEL)))
