@@ -291,15 +291,14 @@ def from_wire(received: Sequence[Message], receiver: Sequence[int], source_row: 
 
 def transmit(messages: Messages, *, wire: bool, dtype: str = "float32", channel: Optional[ChannelConfig] = None,
              keys: Optional[Callable[[int], Sequence[int]]] = None, accept: Optional[Acceptance] = None,
-             now: Optional[Sequence[float]] = None, train_drop: float = 0.0,
-             contexts: Optional[Sequence[ReceiverContext]] = None, budget: Optional[FrameBudget] = None) -> Delivery:
+             train_drop: float = 0.0, contexts: Optional[Sequence[ReceiverContext]] = None, budget: Optional[FrameBudget] = None) -> Delivery:
     """Move ``messages`` to their receivers (module docstring).
 
     wire: False -> in memory (``train_drop``: probability of losing each message, torch RNG);
     True -> encode (signed with ``accept.key``, the alliance key, when set) / channel / decode.
     keys(receiver) -> the channel's draw key for that receiver's sample (default: the receiver
-    index). contexts: per receiver, its :class:`ReceiverContext` (now, own id, registry); ``now``
-    alone (per receiver, its current time) is the short form. budget: each receiver's per-frame
+    index). contexts: per receiver, its :class:`ReceiverContext` (now, own id, registry; default:
+    none of them checked). budget: each receiver's per-frame
     budget (:func:`receive_frame`)."""
     n = len(messages)
     if not wire:
@@ -324,10 +323,7 @@ def transmit(messages: Messages, *, wire: bool, dtype: str = "float32", channel:
     rejected: List[Tuple[int, str]] = []
     kept: List[Tuple[int, Message]] = []
     for r, items in delivered.items():
-        if contexts is not None:
-            context = contexts[r]
-        else:
-            context = ReceiverContext(now=None if now is None else now[r])
+        context = contexts[r] if contexts is not None else ReceiverContext()
         receipt = receive_frame([p for _, p in items], accept, context, budget)
         for k, reason in receipt.rejected:
             i = items[k][0]

@@ -247,7 +247,7 @@ class CooperativeDetector(nn.Module):
 
     # ------------------------------------------------------------------ one path
     def deliver(self, messages, channel: Optional[ChannelConfig] = None, keys=None, wire: Optional[bool] = None,
-                now=None, contexts: Optional[Sequence[ReceiverContext]] = None) -> Delivery:
+                contexts: Optional[Sequence[ReceiverContext]] = None) -> Delivery:
         """Move ``messages`` to their receivers: in memory while training (with
         ``train_message_drop``), else as bytes through ``channel`` (:func:`transmit`), signed
         with the alliance key when one is set and received under :meth:`acceptance`, each
@@ -259,7 +259,7 @@ class CooperativeDetector(nn.Module):
         if self.wire_dtype is not None and messages.kind != "codes":
             dtype = self.wire_dtype
         return transmit(messages, wire=wire, dtype=dtype, channel=channel, keys=keys,
-                        accept=self.acceptance(), now=now, contexts=contexts, budget=self._receiver.budget(),
+                        accept=self.acceptance(), contexts=contexts, budget=self._receiver.budget(),
                         train_drop=self.train_message_drop if self.training else 0.0)
 
     def forward(self, batch) -> ModelOutput:
