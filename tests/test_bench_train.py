@@ -1,4 +1,4 @@
-"""bench/train_step.py: the rows the speed issue reads, consistent ratios and shares (no timing asserted)."""
+"""experiments/bench/train_step.py: the rows the speed issue reads, consistent ratios and shares (no timing asserted)."""
 import sys
 from pathlib import Path
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import train_step  # noqa: E402
+from experiments.bench import train_step  # noqa: E402
 
 REF = '{"generator": {"variant": "reference", "base_channels": 8}}'
 

@@ -1,4 +1,4 @@
-"""bench/warp_sensitivity.py: the virtual sensor sees the ego's own scan, nothing else."""
+"""experiments/bench/warp_sensitivity.py: the virtual sensor sees the ego's own scan, nothing else."""
 import sys
 from pathlib import Path
 
@@ -13,7 +13,7 @@ from opencood_ext.models.detector import CooperativeDetector
 from synthetic import SyntheticReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.warp_sensitivity import parse_poses, pose_matrix, virtual_input  # noqa: E402
+from experiments.bench.warp_sensitivity import parse_poses, pose_matrix, virtual_input  # noqa: E402
 
 RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)
 PP = {"encoder": {"type": "pointpillars", "voxel_size": [0.8, 0.8, 4.0], "num_filters": [8]},
@@ -72,7 +72,7 @@ def test_bench_runs_on_a_trained_run_folder(tmp_path):
     from tiny_runs import tiny_config, tiny_dataset
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     import train
-    from bench.warp_sensitivity import main
+    from experiments.bench.warp_sensitivity import main
     torch.set_num_threads(1)
     root = tiny_dataset(tmp_path / "data")
     cfg = tiny_config(tmp_path, root, "tiny_warp", {"m1": PP}, {"fusion": "intermediate",

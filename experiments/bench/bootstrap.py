@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from bench.ap_eval import _frame
+from experiments.bench.ap_eval import _frame
 from opencood_ext.eval.ap import APAccumulator
 from opencood_ext.eval.bootstrap import (FrameRecords, bootstrap_ap, paired_difference, resample_frames,
                                          scene_draws)

@@ -1,4 +1,4 @@
-"""Data loading: PCD decoding (see ``bench.pcd_parse``) and dataset samples per second.
+"""Data loading: PCD decoding (see ``experiments.bench.pcd_parse``) and dataset samples per second.
 
     python tools/bench.py loading [--frames 4] [--agents 3] [--epochs 3] [--repeat 7]
 
@@ -16,7 +16,7 @@ how they read files:
 
 Epochs run round-robin (one epoch of each loader, then the next) so they share
 the machine's load; samples/s is the median over ``--epochs``. The PCD
-decoding figures of ``bench.pcd_parse`` are printed in the same run.
+decoding figures of ``experiments.bench.pcd_parse`` are printed in the same run.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.pcd_parse import FIXTURE, fixture_or_synthetic, measure, open3d_pcd_to_np
+from experiments.bench.pcd_parse import FIXTURE, fixture_or_synthetic, measure, open3d_pcd_to_np
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
 from opencood_ext.data.formats import OPV2VReader
 from opencood_ext.data.formats.opv2v_io import dump_yaml, load_yaml

@@ -46,7 +46,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import gencomm  # noqa: E402,F401  (registers the GenComm link)

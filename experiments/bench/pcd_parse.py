@@ -30,7 +30,7 @@ from opencood_ext.data.formats import lzf as lzf_module
 from opencood_ext.data.formats.lzf import lzf_compress, lzf_decompress_py
 from opencood_ext.data.formats.pcd import parse_header, read_pcd, write_pcd
 
-FIXTURE = (Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "v2xset_real" / "validate"
+FIXTURE = (Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "v2xset_real" / "validate"
            / "2021_08_21_17_30_41" / "4279" / "000069.pcd")
 
 

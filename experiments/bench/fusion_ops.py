@@ -24,9 +24,9 @@ import yaml
 from opencood_ext.eval.flops import count_parameters
 from opencood_ext.models import build
 from opencood_ext.models.detector import FUSION_OPS
-from bench.gencomm_modules import _fwd_bwd, _time_ms, timing_parser
+from experiments.bench.gencomm_modules import _fwd_bwd, _time_ms, timing_parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIM_SETTING = ROOT / "configs" / "sim" / "fusion_v2xvit.yaml"
 
 
