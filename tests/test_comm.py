@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from opencood_ext.comm import wire as comm
-from opencood_ext.comm import ChannelEffects, Message, MessageError, decode, encode, message_nbytes, receive_all
+from opencood_ext.comm import (Acceptance, ChannelEffects, Message, MessageError, decode, encode, message_nbytes,
+                               receive_frame)
 from opencood_ext.geometry.transforms import pose_to_matrix
 
 
@@ -129,12 +130,13 @@ def test_bad_agent_type_and_dtype_on_encode():
         encode(_msg(), "bfloat16")
 
 
-def test_receive_all_carries_on():
+def test_receive_frame_carries_on_past_bad_packets():
     good1, good2 = encode(_msg(seed=1)), encode(_msg(seed=2, sender_id=7), "int8")
     bad = bytearray(good1)
     bad[-3] ^= 1
-    msgs, rejected = receive_all([good1, bytes(bad), b"short", good2])
-    assert [m.sender_id for m in msgs] == [-3, 7]
+    receipt = receive_frame([good1, bytes(bad), b"short", good2], Acceptance(kind="bev"))
+    assert [(i, m.sender_id) for i, m in receipt.accepted] == [(0, -3), (3, 7)]
+    rejected = receipt.rejected
     assert [i for i, _ in rejected] == [1, 2]
     assert "CRC" in rejected[0][1] and "truncated" in rejected[1][1]
 

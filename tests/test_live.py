@@ -1,7 +1,6 @@
 """The live cooperation loop: wire, channel effects and fusion tick by tick."""
 import dataclasses
 
-import pytest
 import torch
 
 from opencood_ext.data.dataset import AgentTypeData, DataConfig
@@ -69,3 +68,21 @@ def test_live_detection_goes_through_the_post_fusion_layers():
     model.post_fusion.register_forward_hook(lambda mod, inp, out: seen.append(tuple(inp[0].shape)))
     assert live.step(make_frame(seed=0)).received == 2
     assert seen == [(1, 8, 40, 40)]
+
+
+def test_live_loop_uses_the_models_transport_blanking_and_wire_dtype():
+    """The live loop delivers through model.deliver: blank_message_types zeroes the blanked senders'
+    payloads, and the payload dtype is the link's wire_dtype (the config key, one way to set it)."""
+    live = _setup(link="full_feature")
+    model = live.model
+    got = []
+    honest = type(model.method).detect
+    model.method.detect = lambda m, b, f, arrived: got.append(arrived) or honest(model.method, m, b, f, arrived)
+    r = live.step(make_frame(seed=0))
+    assert r.received == 2 and all(p.abs().sum() > 0 for p in got[-1].payload)
+    assert r.bytes_sent == [HEADER_SIZE + 8 * 40 * 40 * 4] * 2  # float32: the link's default
+    model.blank_message_types = {"m1"}
+    model.link.wire_dtype = "float16"
+    r = live.step(make_frame(seed=0))
+    assert r.received == 2 and all(not p.any() for p in got[-1].payload)
+    assert r.bytes_sent == [HEADER_SIZE + 8 * 40 * 40 * 2] * 2

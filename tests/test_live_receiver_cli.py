@@ -42,7 +42,7 @@ def test_receiver_section_loads_from_yaml_and_overrides(tmp_path):
 
 
 def _live(run, out, *extra):
-    return carla_demo.main(["live", "--model_dir", str(run), "--ticks", "3", "--no-cameras", "--out", str(out),
+    return carla_demo.main(["live", "--model_dir", str(run), "--ticks", "3", "--no_cameras", "--out", str(out),
                             "--backend", "builtin", "--agents", "3", *extra])
 
 

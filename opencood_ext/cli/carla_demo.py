@@ -4,15 +4,19 @@ CARLA; without one it runs the same loop on the built-in world.
 
     gencomm-demo live --model_dir RUN [--backend auto|carla|builtin] [--host H --port P]
                       [--ticks N] [--out DIR] [--latency K] [--drop P]
-                      [--pose-noise-m M] [--pose-noise-deg D] [--wire-dtype float16] [--show]
+                      [--pose_noise_m M] [--pose_noise_deg D] [--wire_dtype float16] [--show]
                       [--set receiver.KEY=VALUE ...]
     gencomm-demo record -o DIR [--backend auto|carla|builtin] [--scenarios N] [--frames M]
+                      [--split_ratio TRAIN VAL TEST] [--no_cameras]
 
 ``live`` prints running AP and bytes per tick, writes a bird's-eye PNG per tick
 and an animated GIF (``--out``, default RUN/live); ``--show`` also opens a
 matplotlib window when a display is available. The receiver follows the run's
 ``receiver:`` config (bounds, budgets, ``max_age``, the alliance key), changed with
 ``--set``; rejected messages are counted per rule in ``live_summary.json``.
+Messages travel the model's own transport, as in evaluation: the wire dtype is the run's
+``model.link.wire_dtype`` (``--wire_dtype X`` is ``--set model.link.wire_dtype=X``), and the
+channel adds ``--latency`` ticks, ``--drop`` loss and ``--pose_noise_m`` / ``--pose_noise_deg``.
 ``record`` writes OPV2V-H-format
 data through the same recorder as ``gencomm-sim``. From a checkout,
 ``python tools/carla_demo.py`` runs the same command.
@@ -39,7 +43,7 @@ def _add_backend_args(p):
     p.add_argument("--agents", type=int, default=3, help="connected agents")
     p.add_argument("--background", type=int, default=30, help="CARLA Traffic Manager vehicles")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-cameras", action="store_true", help="record no camera images")
+    p.add_argument("--no_cameras", action="store_true", help="record no camera images")
 
 
 def open_world(args):
@@ -65,6 +69,13 @@ def open_world(args):
     return world, "builtin"
 
 
+def _overrides(args) -> list:
+    """The run's config overrides: ``--set`` items, and ``--wire_dtype`` as the key it writes."""
+    if args.wire_dtype is None:
+        return list(args.overrides)
+    return list(args.overrides) + [f"model.link.wire_dtype={args.wire_dtype}"]
+
+
 def cmd_live(args) -> int:
     if not (args.model_dir / "config.yaml").is_file():
         print(f"error: {args.model_dir}: no config.yaml; is this a run folder written by gencomm-train?",
@@ -80,10 +91,13 @@ def cmd_live(args) -> int:
         from opencood_ext.sim.live_view import LiveView
         from opencood_ext.runs import load_run
         try:
-            cfg, model = load_run(args.model_dir, args.overrides)
+            cfg, model = load_run(args.model_dir, _overrides(args))
+            if args.wire_dtype is not None and model.link is None:
+                raise ValueError(f"--wire_dtype writes model.link.wire_dtype, and {args.model_dir} runs "
+                                 f"{model.fusion} fusion, which sends no link payload")
             effects = ChannelEffects(pose_noise_std_m=args.pose_noise_m, pose_noise_std_deg=args.pose_noise_deg,
                                      drop_prob=args.drop, latency_ticks=args.latency, seed=args.seed)
-            live = LiveCooperation(cfg, model, effects, wire_dtype=args.wire_dtype)
+            live = LiveCooperation(cfg, model, effects)
         except USER_ERRORS + (ValueError,) as exc:
             return report(exc)
         out = args.out or args.model_dir / "live"
@@ -143,9 +157,10 @@ def main(argv=None) -> int:
     live.add_argument("--out", type=Path, default=None)
     live.add_argument("--latency", type=int, default=0, help="message latency in ticks")
     live.add_argument("--drop", type=float, default=0.0, help="message loss probability")
-    live.add_argument("--pose-noise-m", type=float, default=0.0)
-    live.add_argument("--pose-noise-deg", type=float, default=0.0)
-    live.add_argument("--wire-dtype", choices=["float32", "float16", "int8"], default=None)
+    live.add_argument("--pose_noise_m", type=float, default=0.0, help="std of x, y noise on sent poses (m)")
+    live.add_argument("--pose_noise_deg", type=float, default=0.0, help="std of yaw noise on sent poses (deg)")
+    live.add_argument("--wire_dtype", choices=["float32", "float16", "int8"], default=None,
+                      help="the link's payload dtype: writes model.link.wire_dtype (default: the run's)")
     live.add_argument("--show", action="store_true", help="also open a live matplotlib window")
     live.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                       help="override the run's config, e.g. the receiver's bounds and alliance key: "
@@ -153,7 +168,7 @@ def main(argv=None) -> int:
     _add_backend_args(live)
     rec = sub.add_parser("record", help="record OPV2V-H-format data")
     rec.add_argument("-o", "--out", type=Path, required=True)
-    rec.add_argument("--split-ratio", type=float, nargs=3, default=(0.6, 0.2, 0.2),
+    rec.add_argument("--split_ratio", type=float, nargs=3, default=(0.6, 0.2, 0.2),
                      metavar=("TRAIN", "VAL", "TEST"))
     rec.add_argument("--frames", type=int, default=20)
     rec.add_argument("--scenarios", type=int, default=1)

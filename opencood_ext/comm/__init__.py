@@ -6,9 +6,9 @@ from .channel import ChannelConfig, ChannelEffects, apply_channel, parse_pose_no
 from .messages import Acceptance, Delivery, Messages, Receipt, ReceiverContext, receive_frame, transmit
 from .receiver import FrameBudget, ReceiverConfig
 from .wire import (HEADER_SIZE, SIGNATURE_SIZE, BoxRules, Message, MessageError, check_pose, decode, encode,
-                   message_nbytes, receive_all)
+                   message_nbytes)
 
-__all__ = ["Message", "MessageError", "encode", "decode", "receive_all", "check_pose", "message_nbytes",
+__all__ = ["Message", "MessageError", "encode", "decode", "check_pose", "message_nbytes",
            "HEADER_SIZE", "SIGNATURE_SIZE", "BoxRules", "ChannelEffects", "ChannelConfig", "apply_channel",
            "parse_pose_noise", "Messages", "Acceptance", "Delivery", "Receipt", "ReceiverContext", "receive_frame",
            "transmit", "FrameBudget", "ReceiverConfig"]

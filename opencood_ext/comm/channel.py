@@ -17,7 +17,8 @@ reproduces them.
   live, :class:`ChannelEffects` delivers each packet ``latency_ticks`` later.
 
 :func:`apply_channel` acts on one packet; :class:`ChannelEffects` is the live
-demo's stateful channel (queue + tick counter) built on it.
+demo's stateful channel (queue + tick counter) built on it. Both are channels of
+:func:`~opencood_ext.comm.messages.transmit`, the one transport of evaluation and the demo.
 """
 from __future__ import annotations
 

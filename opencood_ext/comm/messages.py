@@ -14,8 +14,9 @@ message.
 * in memory (training, validation): payload tensors pass as they are, so
   gradients flow from the receiver back into the sender's modules; an optional
   random loss (``train_drop``) teaches the receiver to cope without them;
-* on the wire (inference): each message is encoded to bytes (counted), passes
-  the channel (:mod:`.channel`: pose noise, loss), and is decoded under the
+* on the wire (inference, dataset evaluation and the live demo alike): each message is
+  encoded to bytes (counted), passes the channel (:mod:`.channel`: pose noise, loss; live,
+  latency in ticks too), and is decoded under the
   receiver's :class:`Acceptance` rules, then the frame's (:func:`receive_frame`:
   its own id, the alliance registry, one message per sender, the per-frame
   budget). A message the receiver cannot use is rejected with a reason, logged
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .channel import ChannelConfig, apply_channel
+from .channel import ChannelConfig, ChannelEffects, apply_channel
 from .receiver import FrameBudget, ReceiverConfig
 from .wire import BoxRules, Limits, Message, MessageError, decode, encode
 
@@ -186,7 +187,8 @@ class Delivery:
     """What :func:`transmit` did. arrived: the usable messages (payloads as received);
     bytes_sent: (n,) encoded bytes of each sent message (0 in memory; the signature included);
     lost: indices of sent messages the channel lost; rejected: (index, reason) of those the
-    receiver refused."""
+    receiver refused (index -1: a packet a live channel delivered, which may have been sent in an
+    earlier frame)."""
 
     sent: Messages
     arrived: Messages
@@ -289,17 +291,22 @@ def from_wire(received: Sequence[Message], receiver: Sequence[int], source_row: 
                     torch.from_numpy(np.stack([m.pose for m in received])), [m.payload for m in received])
 
 
-def transmit(messages: Messages, *, wire: bool, dtype: str = "float32", channel: Optional[ChannelConfig] = None,
+def transmit(messages: Messages, *, wire: bool, dtype: str = "float32",
+             channel: Union[ChannelConfig, ChannelEffects, None] = None,
              keys: Optional[Callable[[int], Sequence[int]]] = None, accept: Optional[Acceptance] = None,
-             train_drop: float = 0.0, contexts: Optional[Sequence[ReceiverContext]] = None, budget: Optional[FrameBudget] = None) -> Delivery:
+             train_drop: float = 0.0, contexts: Optional[Sequence[ReceiverContext]] = None,
+             budget: Optional[FrameBudget] = None) -> Delivery:
     """Move ``messages`` to their receivers (module docstring).
 
     wire: False -> in memory (``train_drop``: probability of losing each message, torch RNG);
     True -> encode (signed with ``accept.key``, the alliance key, when set) / channel / decode.
-    keys(receiver) -> the channel's draw key for that receiver's sample (default: the receiver
-    index). contexts: per receiver, its :class:`ReceiverContext` (now, own id, registry; default:
-    none of them checked). budget: each receiver's per-frame
-    budget (:func:`receive_frame`)."""
+    channel: a :class:`ChannelConfig` (each packet's draw keyed by ``keys(receiver)``, default the
+    receiver index; what is not lost arrives now) or a live :class:`ChannelEffects` (one receiver,
+    index 0: its draws keyed by its tick, delivered ``latency_ticks`` later; what arrives this frame
+    may have been sent earlier, so its entries in ``arrived`` have ``source_row`` -1, rejections are
+    indexed -1 and its losses are counted by the channel, not in ``lost``). contexts: per receiver,
+    its :class:`ReceiverContext` (now, own id, registry; default: none of them checked). budget:
+    each receiver's per-frame budget (:func:`receive_frame`)."""
     n = len(messages)
     if not wire:
         if train_drop > 0 and n:
@@ -307,38 +314,52 @@ def transmit(messages: Messages, *, wire: bool, dtype: str = "float32", channel:
             lost = sorted(set(range(n)) - set(keep))
             return Delivery(messages, messages.select(keep), [0] * n, lost=lost)
         return Delivery(messages, messages, [0] * n)
-    channel = channel or ChannelConfig()
     accept = accept or Acceptance(kind=messages.kind)
-    nbytes, lost = [0] * n, []
-    delivered: Dict[int, List[Tuple[int, bytes]]] = {}  # receiver -> (message index, packet) in send order
-    for i in range(n):
-        packet = encode(messages.to_wire(i), dtype=dtype, key=accept.key)
-        nbytes[i] = len(packet)
-        r = messages.receiver[i]
-        packet = apply_channel(packet, channel, tuple(keys(r)) if keys else (r,), accept.key)
-        if packet is None:
-            lost.append(i)
-            continue
-        delivered.setdefault(r, []).append((i, packet))
+    packets = [encode(messages.to_wire(i), dtype=dtype, key=accept.key) for i in range(n)]
+    nbytes = [len(p) for p in packets]
+    if isinstance(channel, ChannelEffects):
+        if any(r != 0 for r in messages.receiver):
+            raise ValueError(f"a live channel carries messages to one receiver (index 0), these go to "
+                             f"{sorted(set(messages.receiver))}")
+        delivered = {0: [(-1, p) for p in channel.step(packets)]}
+        lost: List[int] = []
+    else:
+        delivered, lost = _through(packets, messages.receiver, channel or ChannelConfig(), keys, accept.key)
     rejected: List[Tuple[int, str]] = []
-    kept: List[Tuple[int, Message]] = []
+    kept: List[Tuple[int, int, Message]] = []  # (message index or -1, receiver, message)
     for r, items in delivered.items():
         context = contexts[r] if contexts is not None else ReceiverContext()
         receipt = receive_frame([p for _, p in items], accept, context, budget)
         for k, reason in receipt.rejected:
             i = items[k][0]
-            log.warning("message from agent %s (%s) rejected: %s", messages.sender_id[i], messages.agent_type[i],
-                        reason)
+            who = (f"agent {messages.sender_id[i]} ({messages.agent_type[i]})" if i >= 0
+                   else "a packet the live channel delivered")
+            log.warning("message from %s rejected: %s", who, reason)
             rejected.append((i, reason))
-        kept += [(items[k][0], msg) for k, msg in receipt.accepted]
+        kept += [(items[k][0], r, msg) for k, msg in receipt.accepted]
     kept.sort(key=lambda t: t[0])
     rejected.sort(key=lambda t: t[0])
-    keep = [i for i, _ in kept]
-    received = [m for _, m in kept]
-    arrived = from_wire(received, [messages.receiver[i] for i in keep], [messages.source_row[i] for i in keep])
-    if received:
-        device = messages.payload[keep[0]].device
+    if not kept:
+        return Delivery(messages, Messages.empty(messages.kind), nbytes, lost=lost, rejected=rejected)
+    arrived = from_wire([m for _, _, m in kept], [r for _, r, _ in kept],
+                        [messages.source_row[i] if i >= 0 else -1 for i, _, _ in kept])
+    if n:  # payloads on the senders' device (decoding makes CPU tensors)
+        device = messages.payload[0].device
         arrived.payload = [p.to(device) for p in arrived.payload]
-    else:
-        arrived = Messages.empty(messages.kind)
     return Delivery(messages, arrived, nbytes, lost=lost, rejected=rejected)
+
+
+def _through(packets: Sequence[bytes], receivers: Sequence[int], channel: ChannelConfig,
+             keys: Optional[Callable[[int], Sequence[int]]], signing_key: Optional[bytes]
+             ) -> Tuple[Dict[int, List[Tuple[int, bytes]]], List[int]]:
+    """Each packet through the stateless ``channel`` -> ({receiver: [(message index, packet)] in send
+    order}, indices of the lost)."""
+    delivered: Dict[int, List[Tuple[int, bytes]]] = {}
+    lost = []
+    for i, (packet, r) in enumerate(zip(packets, receivers)):
+        out = apply_channel(packet, channel, tuple(keys(r)) if keys else (r,), signing_key)
+        if out is None:
+            lost.append(i)
+        else:
+            delivered.setdefault(r, []).append((i, out))
+    return delivered, lost

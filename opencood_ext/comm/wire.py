@@ -57,7 +57,7 @@ import math
 import struct
 import zlib
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -360,17 +360,6 @@ def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
                    payload=torch.from_numpy(values), kind=kind)
 
 
-def receive_all(packets: Sequence[bytes], limits: Optional[Limits] = None) -> Tuple[List[Message], List[Tuple[int, str]]]:
-    """Decode each packet; bad ones go to ``rejected`` as (index, reason) and the rest carry on."""
-    messages, rejected = [], []
-    for i, data in enumerate(packets):
-        try:
-            messages.append(decode(data, limits))
-        except MessageError as err:
-            rejected.append((i, err.reason))
-    return messages, rejected
-
-
 def _with_pose(data: bytes, pose: np.ndarray, key: Optional[bytes] = None) -> bytes:
     """Rewrite the pose of an encoded message (header CRC recomputed); payload untouched. A signed
     packet is signed again with ``key``; without it, its old signature no longer matches."""
@@ -397,6 +386,6 @@ def message_nbytes(message_shape: Sequence[int], dtype: str = "float32", signed:
             + (SIGNATURE_SIZE if signed else 0))
 
 
-__all__ = ["Message", "MessageError", "Limits", "BoxRules", "encode", "decode", "receive_all", "check_pose",
+__all__ = ["Message", "MessageError", "Limits", "BoxRules", "encode", "decode", "check_pose",
            "check_shape", "check_boxes", "signature", "header_pose", "message_nbytes", "HEADER_SIZE",
            "SIGNATURE_SIZE", "VERSION", "VERSION_SIGNED", "KINDS", "FLOAT_DTYPES", "CODE_DTYPES"]

@@ -2,23 +2,24 @@
 
 Each tick: every agent of the ego's alliance encodes its own sensor data; the
 collaborators' messages (whatever the model's fusion method sends: a GenComm
-map, a full feature, boxes, points) are encoded to bytes and pass through a
-channel with optional latency, loss and pose noise; the ego decodes what
-arrived, rejects what it cannot use (logged and counted; the ego keeps
-detecting), places each message with the POSE IN ITS HEADER (so pose noise
-and stale messages act as they would on a road) and detects. The receiver is
-bounded by the run's ``receiver:`` config exactly as in dataset evaluation
-(:meth:`~opencood_ext.models.detector.CooperativeDetector.acceptance`, the
-per-tick budget, one message per sender, the alliance registry: every agent
-seen so far with its type, its ``now``: this tick's frame time), and with an
-alliance key every packet is signed and only signed packets are accepted. The sender and
-receiver are the fusion method's own ``send`` / ``detect``, the code path of
-training and dataset evaluation (:mod:`opencood_ext.models.fusion_methods`).
+map, a full feature, boxes, points) go through the model's own transport,
+:meth:`~opencood_ext.models.detector.CooperativeDetector.deliver` ->
+:func:`~opencood_ext.comm.messages.transmit`, the path of dataset evaluation:
+encoded to bytes in the run's wire dtype (the link's ``wire_dtype`` config
+key; senders of ``model.blank_message_types`` send zeros), passed through a
+live :class:`~opencood_ext.comm.channel.ChannelEffects` (latency in ticks,
+loss, pose noise), decoded and checked by the receiver under the run's
+``receiver:`` config (acceptance, the per-tick budget, one message per sender,
+the alliance registry: every agent seen so far with its type, its ``now``:
+this tick's frame time); what it cannot use is logged and counted, and the ego
+keeps detecting. Each message is placed with the POSE IN ITS HEADER (so pose
+noise and stale messages act as they would on a road). With an alliance key
+every packet is signed and only signed packets are accepted. The sender and
+receiver are the fusion method's own ``send`` / ``detect``.
 """
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -26,23 +27,21 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from opencood_ext.comm import ChannelEffects, encode
-from opencood_ext.comm.messages import from_wire, receive_frame, rule_of
+from opencood_ext.comm import ChannelEffects
+from opencood_ext.comm.messages import rule_of
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset
 from opencood_ext.data.frame import Frame
 from opencood_ext.eval.ap import APAccumulator
 from opencood_ext.models import voxel_sizes
 
-log = logging.getLogger(__name__)
-
 
 @dataclass
 class TickResult:
     """One tick. boxes/scores: detections in the ego frame; gt_boxes likewise.
-    bytes_sent: packet size per collaborator this tick (signature included); received/rejected:
-    packets the ego accepted/refused this tick (with reasons); rejected_counts: how many were
-    refused by each rule (:func:`~opencood_ext.comm.messages.rule_of`)."""
+    bytes_sent: packet size per collaborator this tick (signature included); received: packets the
+    ego accepted this tick; rejected: the reason of each packet it refused (transmit logs them);
+    rejected_counts: how many were refused by each rule (:func:`~opencood_ext.comm.messages.rule_of`)."""
 
     tick: int
     ego_id: int
@@ -57,14 +56,13 @@ class TickResult:
 
 
 class LiveCooperation:
-    """Runs a trained model frame by frame (any fusion method). ``wire_dtype`` overrides the
-    payload dtype of float payloads."""
+    """Runs a trained model frame by frame (any fusion method) through ``effects``, the live channel.
+    The wire dtype is the model's (its link's ``wire_dtype``, set in the run's config)."""
 
-    def __init__(self, cfg, model, effects: Optional[ChannelEffects] = None, wire_dtype: Optional[str] = None):
+    def __init__(self, cfg, model, effects: Optional[ChannelEffects] = None):
         self.cfg = cfg
         self.model = model.eval()
         self.effects = effects or ChannelEffects()
-        self.wire_dtype = wire_dtype
         self.acc = APAccumulator()
         self.ticks = 0
         self.total_bytes = 0
@@ -87,30 +85,23 @@ class LiveCooperation:
         batch = collate_samples([sample])
         model, method = self.model, self.model.method
         feats, _ = model.encode(batch)
-        sent = method.send(model, batch, feats)
-        dtype = method.wire_dtype(model) if self.wire_dtype is None or sent.kind == "codes" else self.wire_dtype
-        packets = [encode(sent.to_wire(i), dtype=dtype, key=model.signing_key) for i in range(len(sent))]
-        sizes = [len(p) for p in packets]
         context = model.receiver_contexts(batch)[0]
         self._registry.update(context.registry or {})
         context = dataclasses.replace(context, registry=dict(self._registry))
-        receipt = receive_frame(self.effects.step(packets), model.acceptance(), context, model.receiver.budget())
-        received = [m for _, m in receipt.accepted]
-        rejected = [f"packet {k}: {reason}" for k, reason in receipt.rejected]
-        counts = Counter(rule_of(reason) for _, reason in receipt.rejected)
+        delivery = model.deliver(method.send(model, batch, feats), channel=self.effects, wire=True,
+                                 contexts=[context])
+        rejected = [reason for _, reason in delivery.rejected]
+        counts = Counter(rule_of(reason) for reason in rejected)
         self.rejected_reasons.update(counts)
-        for reason in rejected:
-            log.warning("tick %d: message rejected: %s", self.ticks + 1, reason)
-        arrived = from_wire(received, [0] * len(received), [-1] * len(received)) if received \
-            else sent.select([])
-        det = method.detect(model, batch, feats, arrived)[0]
+        det = method.detect(model, batch, feats, delivery.arrived)[0]
         self.acc.add(det.boxes, det.scores, sample.gt_boxes)
         self.ticks += 1
-        self.total_bytes += sum(sizes)
-        self.total_messages += len(sizes)
+        self.total_bytes += sum(delivery.bytes_sent)
+        self.total_messages += len(delivery.bytes_sent)
         self.total_rejected += len(rejected)
         return TickResult(self.ticks, sample.ego_id, det.boxes.numpy(), det.scores.numpy(), sample.gt_boxes,
-                          sizes, len(received), rejected, [a.agent_id for a in agents], dict(counts))
+                          list(delivery.bytes_sent), len(delivery.arrived), rejected,
+                          [a.agent_id for a in agents], dict(counts))
 
     def running_ap(self) -> dict:
         """AP so far (global order) at 0.3 / 0.5 / 0.7."""
