@@ -7,7 +7,10 @@ first halves z, y and x with a stride-2 ``SparseConv3d`` and refines with
 z. The dense result ``(A, Cz, D, H, W)`` is reshaped to ``(A, Cz * D, H, W)``
 (H along y, W along x), one cell = ``voxel_size[:2] * 2 ** (len(channels) - 1)``.
 
-CPU note (applied once, on import of this module, only when CUDA is absent):
+spconv is imported when the first SECOND encoder is built (:func:`sparse_ops`), not when this module
+is imported: a PointPillars or camera model, and every command's ``--help``, work without it.
+
+CPU note (applied once, when spconv is first loaded, only when CUDA is absent):
 spconv 2.3.8 asks ``torch.cuda.current_stream()`` for a stream handle in its
 backward and hash-table code even for CPU tensors, which fails on a CPU-only
 torch. :func:`install_cpu_stream_shim` replaces that lookup with one returning 0
@@ -23,7 +26,8 @@ of the autograd graph), and everything else keeps the caller's thread count.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Sequence, Tuple
+from types import ModuleType
+from typing import Iterator, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -34,8 +38,33 @@ from opencood_ext.deps import require_spconv
 from ..data.inputs import LidarInput
 from .inputs import EncoderOutput
 
-spconv = require_spconv("spconv.pytorch")   # not a declared dependency: see opencood_ext.deps
-SPCONV_CPU_ONLY = require_spconv("spconv.cppconstants").CPU_ONLY_BUILD
+_SPCONV: Optional[ModuleType] = None
+
+
+def sparse_ops() -> ModuleType:
+    """``spconv.pytorch``, imported on first use (with the CPU stream shim installed once); an
+    ImportError saying what to install when spconv is missing (not a declared dependency: see
+    :mod:`opencood_ext.deps`)."""
+    global _SPCONV
+    if _SPCONV is None:
+        module = require_spconv("spconv.pytorch")
+        install_cpu_stream_shim()
+        _SPCONV = module
+    return _SPCONV
+
+
+def spconv_cpu_only() -> bool:
+    """True when the installed spconv is a CPU-only build (imports spconv)."""
+    return bool(require_spconv("spconv.cppconstants").CPU_ONLY_BUILD)
+
+
+def __getattr__(name: str):
+    """``second.spconv`` and ``second.SPCONV_CPU_ONLY`` resolve (importing spconv) on first access."""
+    if name == "spconv":
+        return sparse_ops()
+    if name == "SPCONV_CPU_ONLY":
+        return spconv_cpu_only()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _no_stream() -> int:
@@ -56,9 +85,6 @@ def install_cpu_stream_shim() -> bool:
     sp_ops.get_current_stream = _no_stream
     sp_hash.get_current_stream = _no_stream
     return True
-
-
-install_cpu_stream_shim()
 
 
 @contextmanager
@@ -95,8 +121,9 @@ def _conv_out(n: int, kernel: int, stride: int, padding: int) -> int:
     return (n + 2 * padding - kernel) // stride + 1
 
 
-def _block(conv: nn.Module, channels: int) -> spconv.SparseSequential:
-    return spconv.SparseSequential(conv, nn.BatchNorm1d(channels, eps=1e-3, momentum=0.01), nn.ReLU())
+def _block(conv: nn.Module, channels: int) -> nn.Module:
+    """conv -> BatchNorm1d -> ReLU as one ``spconv.SparseSequential``."""
+    return sparse_ops().SparseSequential(conv, nn.BatchNorm1d(channels, eps=1e-3, momentum=0.01), nn.ReLU())
 
 
 class SecondEncoder(nn.Module):
@@ -115,6 +142,7 @@ class SecondEncoder(nn.Module):
                  channels: Sequence[int] = (16, 32, 64, 64), blocks: Sequence[int] = (1, 2, 2, 2),
                  out_z_channels: int = 128):
         super().__init__()
+        spconv = sparse_ops()  # ImportError naming what to install when spconv is missing
         if len(channels) != len(blocks) or not channels:
             raise ValueError(f"second: channels {list(channels)} and blocks {list(blocks)} must be "
                              f"non-empty lists of the same length")
@@ -157,7 +185,7 @@ class SecondEncoder(nn.Module):
         if data.coords.shape[0] == 0:  # spconv cannot run on an empty tensor: nothing seen, all zeros
             h, w = self.bev_shape
             return EncoderOutput(bev=data.voxels.new_zeros(data.num_agents, self.out_channels, h, w))
-        if data.voxels.is_cuda and SPCONV_CPU_ONLY:
+        if data.voxels.is_cuda and spconv_cpu_only():
             raise RuntimeError("second: the input is on CUDA but the installed spconv is a CPU-only build; "
                                "install the CUDA build that matches your torch (e.g. pip install spconv-cu126) "
                                "or train on the CPU (CUDA_VISIBLE_DEVICES='')")
@@ -179,7 +207,7 @@ class SecondEncoder(nn.Module):
 
     def _sparse(self, feats: torch.Tensor, data: LidarInput) -> torch.Tensor:
         """(V, 4) mean voxel features -> (A, Cz, D, H, W) dense output of the sparse backbone."""
-        x = spconv.SparseConvTensor(feats, data.coords.int(), self.sparse_shape, data.num_agents)
+        x = sparse_ops().SparseConvTensor(feats, data.coords.int(), self.sparse_shape, data.num_agents)
         for stage in self.stages:
             x = stage(x)
         return self.z_conv(x).dense()
