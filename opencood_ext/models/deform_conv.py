@@ -26,11 +26,13 @@ Layouts (torchvision's, read from its CPU kernel ``deform_conv2d_kernel.cpp``):
 Cost (MACs, the convention of :mod:`opencood_ext.eval.flops`): sampling is 4 MACs per
 sampled value (C_in * kh*kw * H_out*W_out values, plus 1 for the mask when
 modulated); the contraction is C_out * (C_in/groups) * kh*kw * H_out*W_out.
-That is the ``sample_first`` order; ``project_first`` (chosen automatically
-when cheaper, see :func:`deform_conv2d`) samples G * kh*kw * C_out values per
-output pixel instead: half as many for the message extractor's 128 -> 64
-layer, which makes that layer 1.2x faster forward and 1.3-1.5x faster forward +
-backward on one CPU thread (``python tools/bench.py gencomm``).
+That is the ``sample_first`` order (``grid_sample`` on the input); ``project_first`` (chosen
+automatically when cheaper, see :func:`deform_conv2d`) samples G * kh*kw * C_out values per
+output pixel instead, half as many for the message extractor's 128 -> 64 layer, and does it
+channels-last as one matmul plus one weighted ``embedding_bag`` gather (no ``grid_sample``, whose
+CPU backward on the (n*kk, C_out, H, W) projection cost 3.5x its forward):
+``tests/test_deform_conv_fast.py`` checks it against the per-tap ``grid_sample`` computation,
+forward and gradients; ``python tools/bench.py gencomm`` times it.
 """
 from __future__ import annotations
 
@@ -119,6 +121,24 @@ def deform_conv2d(
     if method not in ("sample_first", "project_first"):
         raise ValueError(f"deform_conv2d method must be auto, sample_first or project_first, got {method!r}")
 
+    if method == "project_first":
+        out = _project_first(input, offset, weight, groups, n_off, mask, (sh, sw), (ph, pw), (dh, dw))
+    else:
+        out = _sample_first(input, offset, weight, groups, n_off, mask, (sh, sw), (ph, pw), (dh, dw))
+    if bias is not None:
+        out = out + bias.view(1, c_out, 1, 1)
+    return out
+
+
+def _sample_first(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor, groups: int, n_off: int,
+                  mask: Optional[torch.Tensor], stride: Tuple[int, int], padding: Tuple[int, int],
+                  dilation: Tuple[int, int]) -> torch.Tensor:
+    """The ``sample_first`` sum: ``grid_sample`` of the C_in input channels at every tap, then one
+    matmul with the weight. -> (n, C_out, h_out, w_out)."""
+    n, c_in, h, w = input.shape
+    c_out, c_per_group, kh, kw = weight.shape
+    kk, (sh, sw), (ph, pw), (dh, dw) = kh * kw, stride, padding, dilation
+    h_out, w_out = offset.shape[-2:]
     # Sampling positions -> grid_sample's normalised grid (align_corners=False), (n*G*kk, h_out, w_out, 2).
     dev, dt = input.device, input.dtype
     ki = torch.arange(kh, device=dev, dtype=dt).repeat_interleave(kw) * dh  # (kk,)
@@ -130,30 +150,40 @@ def deform_conv2d(
     x = kj[:, None, None] + ox[None, None, :] + off[:, :, :, 1]
     grid = torch.stack(((2.0 * x + 1.0) / w - 1.0, (2.0 * y + 1.0) / h - 1.0), dim=-1)
     cg = c_in // n_off
-    if method == "project_first":
-        out = _project_first(input, grid, weight, groups, n_off, mask)
-    else:
-        sampled = F.grid_sample(input.reshape(n * n_off, cg, h, w), grid.reshape(n * n_off, kk * h_out, w_out, 2),
-                                mode="bilinear", padding_mode="zeros", align_corners=False)
-        # (n*G, cg, kk*h_out, w_out) -> (n, G, cg, kk, L)
-        sampled = sampled.reshape(n, n_off, cg, kk, h_out * w_out)
-        if mask is not None:
-            sampled = sampled * mask.reshape(n, n_off, 1, kk, h_out * w_out)
-        # Columns ordered (channel, tap) to match weight.view(C_out, C_in/groups * kk).
-        cols = sampled.reshape(n, groups, c_per_group * kk, h_out * w_out)
-        wmat = weight.reshape(groups, c_out // groups, c_per_group * kk)
-        out = torch.matmul(wmat, cols).reshape(n, c_out, h_out, w_out)
-    if bias is not None:
-        out = out + bias.view(1, c_out, 1, 1)
-    return out
+    sampled = F.grid_sample(input.reshape(n * n_off, cg, h, w), grid.reshape(n * n_off, kk * h_out, w_out, 2),
+                            mode="bilinear", padding_mode="zeros", align_corners=False)
+    # (n*G, cg, kk*h_out, w_out) -> (n, G, cg, kk, L)
+    sampled = sampled.reshape(n, n_off, cg, kk, h_out * w_out)
+    if mask is not None:
+        sampled = sampled * mask.reshape(n, n_off, 1, kk, h_out * w_out)
+    # Columns ordered (channel, tap) to match weight.view(C_out, C_in/groups * kk).
+    cols = sampled.reshape(n, groups, c_per_group * kk, h_out * w_out)
+    wmat = weight.reshape(groups, c_out // groups, c_per_group * kk)
+    return torch.matmul(wmat, cols).reshape(n, c_out, h_out, w_out)
 
 
-def _project_first(input: torch.Tensor, grid: torch.Tensor, weight: torch.Tensor, groups: int, n_off: int,
-                   mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """The ``project_first`` sum; grid (n, G, kk, h_out, w_out, 2). -> (n, C_out, h_out, w_out)."""
+def _project_first(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor, groups: int, n_off: int,
+                   mask: Optional[torch.Tensor], stride: Tuple[int, int], padding: Tuple[int, int],
+                   dilation: Tuple[int, int]) -> torch.Tensor:
+    """The ``project_first`` sum as one matmul and one weighted gather. -> (n, C_out, h_out, w_out).
+
+    1. Projection, channels last: row ``((g*n + b)*H*W + y*W + x)*kk + k`` of ``proj``
+       (G*n*H*W*kk, C_out) is ``W[:, c in g, tap k] @ input[b, c in g, y, x]``: one (batched over
+       G) matmul ``(n*H*W, cg) @ (cg, kk*C_out)``, the dense conv's arithmetic.
+    2. Sampling and the sum over groups, taps and the 4 bilinear corners as ONE
+       ``F.embedding_bag`` (mode sum, per-sample weights): output pixel ``(b, oy, ox)`` is the
+       bag of its G*kk*4 corner rows of ``proj``, weighted by the bilinear weights (times the
+       mask), a corner outside the map weighing 0 (zero border). Rows are contiguous C_out-vectors,
+       so forward and backward (a segment sum of rows; the weights' gradient, hence the
+       offsets', is a dot product per row) run at memory speed, where ``grid_sample`` on the
+       (n*G*kk, C_out, H, W) projection walks strided planes, and its backward scatters per
+       channel. Positions are taken in at least float32 and floored as torchvision does
+       (an integer position's corners are itself and the next pixel).
+    """
     n, c_in, h, w = input.shape
     c_out, c_per_group, kh, kw = weight.shape
-    kk, (h_out, w_out) = kh * kw, grid.shape[3:5]
+    kk, (sh, sw), (ph, pw), (dh, dw) = kh * kw, stride, padding, dilation
+    h_out, w_out = offset.shape[-2:]
     if groups > 1:  # the grouped weight as a dense block-diagonal (C_out, C_in, kh, kw) one
         dense = weight.new_zeros(c_out, c_in, kh, kw)
         per = c_out // groups
@@ -161,15 +191,41 @@ def _project_first(input: torch.Tensor, grid: torch.Tensor, weight: torch.Tensor
             dense[j * per:(j + 1) * per, j * c_per_group:(j + 1) * c_per_group] = weight[j * per:(j + 1) * per]
         weight = dense
     cg = c_in // n_off
-    # (C_out, G, cg, kk) -> (G, kk, C_out, cg): a 1x1 conv with G groups gives channel (g, tap, o).
-    proj_w = weight.reshape(c_out, n_off, cg, kk).permute(1, 3, 0, 2).reshape(n_off * kk * c_out, cg, 1, 1)
-    proj = F.conv2d(input, proj_w, groups=n_off).reshape(n * n_off * kk, c_out, h, w)
-    sampled = F.grid_sample(proj, grid.reshape(n * n_off * kk, h_out, w_out, 2), mode="bilinear",
-                            padding_mode="zeros", align_corners=False)
-    sampled = sampled.reshape(n, n_off * kk, c_out, h_out, w_out)
+    x_cl = input.permute(0, 2, 3, 1).reshape(n * h * w, n_off, cg).transpose(0, 1)  # (G, n*H*W, cg)
+    w_g = weight.reshape(c_out, n_off, cg, kk).permute(1, 2, 3, 0).reshape(n_off, cg, kk * c_out)
+    proj = torch.mm(x_cl[0], w_g[0]) if n_off == 1 else torch.bmm(x_cl, w_g)
+    proj = proj.reshape(n_off * n * h * w * kk, c_out)
+
+    dev = input.device
+    pdt = torch.promote_types(offset.dtype, torch.float32)
+    ki = (torch.arange(kh, device=dev) * dh).repeat_interleave(kw).to(pdt)  # (kk,)
+    kj = (torch.arange(kw, device=dev) * dw).repeat(kh).to(pdt)
+    oy = (torch.arange(h_out, device=dev) * sh - ph).to(pdt)
+    ox = (torch.arange(w_out, device=dev) * sw - pw).to(pdt)
+    off = offset.to(pdt).reshape(n, n_off, kk, 2, h_out, w_out)
+    y = ki[:, None, None] + oy[None, :, None] + off[:, :, :, 0]  # (n, G, kk, h_out, w_out)
+    x = kj[:, None, None] + ox[None, None, :] + off[:, :, :, 1]
+    y0, x0 = y.detach().floor(), x.detach().floor()
+    fy, fx = y - y0, x - x0
+    y0, x0 = y0.long(), x0.long()
+    gb = (torch.arange(n_off, device=dev)[None, :] * n + torch.arange(n, device=dev)[:, None]) * (h * w)
+    base = gb[:, :, None, None, None]  # (n, G, 1, 1, 1)
+    tap = torch.arange(kk, device=dev)[None, None, :, None, None]
     if mask is not None:
-        sampled = sampled * mask[:, :, None]
-    return sampled.sum(dim=1)
+        mask = mask.to(pdt).reshape(n, n_off, kk, h_out, w_out)
+    rows, weights = [], []
+    for cy, wy in ((0, 1 - fy), (1, fy)):
+        for cx, wx in ((0, 1 - fx), (1, fx)):
+            yy, xx = y0 + cy, x0 + cx
+            inside = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
+            rows.append((base + yy.clamp(0, h - 1) * w + xx.clamp(0, w - 1)) * kk + tap)
+            wt = wy * wx * inside
+            weights.append(wt if mask is None else wt * mask)
+    # bags: one per output pixel (n, h_out, w_out), entries ordered (G, kk, corner)
+    rows_t = torch.stack(rows, dim=-1).permute(0, 3, 4, 1, 2, 5).reshape(n * h_out * w_out, n_off * kk * 4)
+    wts_t = torch.stack(weights, dim=-1).permute(0, 3, 4, 1, 2, 5).reshape(n * h_out * w_out, n_off * kk * 4)
+    out = F.embedding_bag(rows_t, proj, per_sample_weights=wts_t.to(proj.dtype), mode="sum")
+    return out.reshape(n, h_out, w_out, c_out).permute(0, 3, 1, 2)
 
 
 class DeformConv2d(nn.Module):
