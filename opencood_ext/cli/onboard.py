@@ -14,8 +14,13 @@ Merges the stage-1 checkpoints, freezes everything except what the method
 trains for the new types (GenComm: their message extractors; frozen BatchNorm
 stays in eval mode every epoch), trains with the detection loss, and prints the
 trainable parameters per new type and the wall time against stage 1.
-Re-running on the same -o folder resumes. From a checkout,
-``python tools/onboard.py`` runs the same command.
+Re-running on the same -o folder resumes. -y takes a path or a shipped config's name
+(:func:`opencood_ext.config_files.resolve_config`).
+
+This module is the substrate's command and imports no method: a method joins
+``ONBOARDING`` when its package is imported. ``gencomm-onboard``
+(:func:`gencomm.cli.onboard`; from a checkout ``python tools/onboard.py``) imports
+GenComm first, so the default method ``gencomm`` is known.
 """
 from __future__ import annotations
 
@@ -41,7 +46,10 @@ def main(argv=None) -> int:
     from opencood_ext.cli.errors import USER_ERRORS, data_hint, report
     skipping = False
     try:
+        from opencood_ext.config_files import resolve_config
         from opencood_ext.training.onboarding import plan_onboarding
+        if args.hypes_yaml is not None:
+            args.hypes_yaml = resolve_config(args.hypes_yaml)
         try:
             plan = plan_onboarding(args.ego, args.new, args.overrides, args.epochs, args.hypes_yaml, args.method)
         except ValueError as exc:  # the runs do not compose (types, stacks, method)
