@@ -8,19 +8,19 @@ fusion and head they reuse were trained on full features. Given no such runs,
 they start from GenComm's stage-1 runs instead, whose fusion saw only generated
 features (the {m1} column then shows what that costs them).
 
-For each method (``METHODS``): one onboarding run (``tools/onboard.py -y
-configs/<family>/stage2/<method>_m1_m2m3m4.yaml``), evaluated dynamically as
+For each method (``METHODS``): one onboarding run (``gencomm-onboard -y
+<configs>/<family>/stage2/<method>_m1_m2m3m4.yaml``), evaluated dynamically as
 the paper reports it: AP with {m1}, {m1, m2}, {m1, m2, m3}, {m1, m2, m3, m4}
-(``tools/inference.py --dynamic``). ``types`` picks a smaller alliance in its
+(``gencomm-infer --dynamic``). ``types`` picks a smaller alliance in its
 joining order (e.g. m1, m3: the LiDAR pair, no camera stage 1 needed) when
 ``<method>_m1_<new types>.yaml`` configs exist for it; with the trainable parameters and GFLOPs of
 what trained for each new type, the onboarding wall time and the encoded bytes
 per message. Plus two references built from the stage-1 runs alone: No fusion
 (m1's run with its collaborators off) and Late fusion (each agent detecting with
-its own run, ``tools/inference.py --late_of``).
+its own run, ``gencomm-infer --late_of``).
 
-Every step goes through the command-line tools (a subprocess each, as the main
-job's other steps) and is resumable: finished runs are skipped.
+Every step is a command-line program run in-process (:mod:`experiments.steps`), as the main
+job's other steps, and is resumable: finished runs are skipped.
 """
 from __future__ import annotations
 
@@ -31,18 +31,24 @@ from typing import Callable, Dict, List, Optional, Sequence
 from opencood_ext.eval.dynamic import alliance_label
 from opencood_ext.runs import run_files
 
+from .results import ResultRow
+from .steps import Command, sets
+
 TYPES = ("m1", "m2", "m3", "m4")
 # (row name, onboarding method)
 METHODS = [("GenComm", "gencomm"), ("BackAlign", "backalign"), ("STAMP", "stamp"), ("MPDA", "mpda"),
            ("CodeFilling", "codefilling")]
 
 
-def stage2_config(family: str, method: str, types: Sequence[str] = TYPES) -> str:
-    """The onboarding config of ``method`` for the alliance ``types`` (ego first, then the new types)."""
-    path = f"configs/{family}/stage2/{method}_{types[0]}_{''.join(types[1:])}.yaml"
-    if not (Path(__file__).resolve().parents[1] / path).exists():
+def stage2_config(family: str, method: str, types: Sequence[str] = TYPES, configs: Optional[Path] = None) -> Path:
+    """The onboarding config of ``method`` for the alliance ``types`` (ego first, then the new types),
+    under the configs root ``configs`` (default: the shipped configs)."""
+    from opencood_ext.config_files import configs_root
+    folder = (configs_root() if configs is None else Path(configs)) / family / "stage2"
+    path = folder / f"{method}_{types[0]}_{''.join(types[1:])}.yaml"
+    if not path.is_file():
         raise FileNotFoundError(f"{path}: no stage-2 config of {method} for the alliance {', '.join(types)} "
-                                f"(configs/{family}/stage2/ holds the alliances with configs)")
+                                f"({folder} holds the alliances with configs)")
     return path
 
 
@@ -52,32 +58,33 @@ def _dynamic(run: Path) -> List[dict]:
 
 def _resumable(out: Path, runs: Sequence[Path]) -> dict:
     """``run_cmd`` keywords of a dynamic evaluation into ``out`` of the runs ``runs``: skipped on a
-    rerun when nothing it reads changed (:func:`gencomm.reproduce._run`)."""
+    rerun when nothing it reads changed (:func:`experiments.steps.run_step`)."""
     return {"stamp": out / "eval_dynamic.inputs.json", "reads": [f for r in runs for f in run_files(r)],
             "makes": [out / "eval_dynamic.json"]}
 
 
-def _row(name: str, run: Path, dynamic: List[dict], note: str, **extra) -> dict:
-    """A results.json row: ``eval`` is its last alliance's evaluation (ap, ap_ci, bytes, frames file)."""
+def _row(name: str, run: Path, dynamic: List[dict], note: str, **extra) -> ResultRow:
+    """A results row: ``eval`` is its last alliance's evaluation (ap, ap_ci, bytes, frames file)."""
     full = json.loads((run / f"eval_{alliance_label(dynamic[-1]['types'])}.json").read_text())
-    return {"method": name, "table": "heterogeneous", "run": str(run), "eval": full, "note": note,
-            "dynamic": [{k: d[k] for k in ("types", "ap", "ap_ci", "bytes_per_message", "onboard_params",
-                                             "onboard_gflops", "frames", "num_scenes") if k in d} for d in dynamic],
-            **extra}
+    return ResultRow(method=name, table="heterogeneous", run=str(run), eval=full, note=note,
+                     dynamic=[{k: d[k] for k in ("types", "ap", "ap_ci", "bytes_per_message", "onboard_params",
+                                                 "onboard_gflops", "frames", "num_scenes") if k in d} for d in dynamic],
+                     **extra)
 
 
 def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Callable[..., None],
-                  python: str, overrides: Sequence[str], onboard_overrides: Sequence[str] = (),
+                  overrides: Sequence[str], onboard_overrides: Sequence[str] = (),
                   onboard_epochs=None, methods=METHODS, types: Sequence[str] = TYPES,
                   competitor_stage1: Optional[Dict[str, Path]] = None,
-                  eval_overrides: Sequence[str] = ()) -> List[dict]:
+                  eval_overrides: Sequence[str] = (), configs: Optional[Path] = None) -> List[ResultRow]:
     """Onboard and evaluate every method, then the stage-1 references; -> results rows.
 
     stage1: GenComm's stage-1 run per type; competitor_stage1: the full-feature stage-1 run per
     type the other methods start from (None: GenComm's; their run folders then lack the
-    ``_own_stage1`` suffix, so the two protocols never share a folder). run_cmd: runs one command
-    (raises on failure); evaluations also pass it ``stamp``, ``reads`` and ``makes`` (skip when
-    done, :func:`gencomm.reproduce._run`). overrides: ``--set`` items for every step (data root, quick-profile
+    ``_own_stage1`` suffix, so the two protocols never share a folder). run_cmd: runs one
+    :class:`~experiments.steps.Command` (raises on failure); evaluations also pass it ``stamp``,
+    ``reads`` and ``makes`` (skip when done, :func:`experiments.steps.run_step`); configs: the
+    configs root (default: the shipped configs). overrides: ``--set`` items for every step (data root, quick-profile
     caps); onboard_overrides: extra ones for onboarding only; eval_overrides: extra ones for
     evaluation only (e.g. the separate test set's data root); types: the alliance in joining
     order, the ego's type first (run folders are named after the new types)."""
@@ -85,9 +92,9 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
     if competitor_stage1 is not None and not set(types) <= set(competitor_stage1):
         raise ValueError(f"competitor stage-1 runs for {sorted(competitor_stage1)}, the alliance is {types}")
     new = "".join(types[1:])
-    configs = {method: stage2_config(family, method, types) for _, method in methods}  # all present before training
-    sets = [a for item in overrides for a in ("--set", item)]
-    eval_sets = sets + [a for item in eval_overrides for a in ("--set", item)]
+    cfgs = {method: stage2_config(family, method, types, configs) for _, method in methods}  # all there before training
+    common = sets(overrides)
+    eval_sets = common + sets(eval_overrides)
     order = ",".join(types)
     joined = ", ".join(types[1:])
     rows = []
@@ -95,13 +102,12 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
         own = method != "gencomm" and competitor_stage1 is not None
         start = competitor_stage1 if own else stage1
         run = runs / f"onboard_{method}_{new}{'_own_stage1' if own else ''}"
-        cmd = [python, "tools/onboard.py", "-y", configs[method], "--ego", str(start[types[0]]),
-               *[a for t in types[1:] for a in ("--new", str(start[t]))], "-o", str(run), *sets,
-               *[a for item in onboard_overrides for a in ("--set", item)]]
+        argv = ["-y", cfgs[method], "--ego", start[types[0]], *[a for t in types[1:] for a in ("--new", start[t])],
+                "-o", run, *common, *sets(onboard_overrides)]
         if onboard_epochs is not None:
-            cmd += ["--epochs", str(onboard_epochs)]
-        run_cmd(cmd)
-        run_cmd([python, "tools/inference.py", "--model_dir", str(run), "--dynamic", order, *eval_sets],
+            argv += ["--epochs", str(onboard_epochs)]
+        run_cmd(Command("gencomm-onboard", argv))
+        run_cmd(Command("gencomm-infer", ["--model_dir", run, "--dynamic", order, *eval_sets]),
                 **_resumable(run, [run]))
         ob = json.loads((run / "onboarding.json").read_text())
         origin = "full-feature stage-1 runs" if own else "GenComm's stage-1 runs"
@@ -111,16 +117,18 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
                          train_wall_s=ob["onboarding_wall_time_s"], onboard_method=method,
                          stage1="full_feature" if own else "gencomm"))
     late = runs / ("late_of_stage1" if types == list(TYPES) else f"late_of_stage1_{''.join(types)}")
-    run_cmd([python, "tools/inference.py", *[a for t in types for a in ("--late_of", f"{t}={stage1[t]}")],
-             "-o", str(late), "--dynamic", order, *eval_sets], **_resumable(late, [stage1[t] for t in types]))
+    run_cmd(Command("gencomm-infer", [*[a for t in types for a in ("--late_of", f"{t}={stage1[t]}")],
+                                      "-o", late, "--dynamic", order, *eval_sets]),
+            **_resumable(late, [stage1[t] for t in types]))
     rows.append(_row("Late fusion (stage-1 models)", late, _dynamic(late),
                      "each agent detects with its own stage-1 run; nothing trained", trainable_params=0,
                      train_wall_s=0.0))
     alone = runs / "none_of_stage1"
-    run_cmd([python, "tools/inference.py", "--late_of", f"{types[0]}={stage1[types[0]]}", "-o", str(alone),
-             "--fusion_method", "none", "--dynamic", types[0], *eval_sets], **_resumable(alone, [stage1[types[0]]]))
+    run_cmd(Command("gencomm-infer", ["--late_of", f"{types[0]}={stage1[types[0]]}", "-o", alone,
+                                      "--fusion_method", "none", "--dynamic", types[0], *eval_sets]),
+            **_resumable(alone, [stage1[types[0]]]))
     row = _row(f"No fusion ({types[0]} stage-1 model)", alone, _dynamic(alone), "the ego alone: the same AP for every "
                "alliance", trainable_params=0, train_wall_s=0.0)
-    row["dynamic"] = [dict(row["dynamic"][0], types=types[:k + 1]) for k in range(len(types))]
+    row.dynamic = [dict(row.dynamic[0], types=types[:k + 1]) for k in range(len(types))]
     rows.append(row)
     return rows

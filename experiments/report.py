@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import List, Sequence
 
 import matplotlib
 import yaml
@@ -16,36 +17,37 @@ from opencood_ext.eval.localisation import FOUND_IOU
 
 from .report_cells import ap_cell, differences, fmt_bytes
 from .report_hetero import hetero_section
+from .results import ResultRow, Results
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def _training_minutes(results: dict) -> float:  # every table's rows
+def _training_minutes(results: Results) -> float:  # every table's rows
     """Every row's training (GenComm's row is its onboarding) plus stage 1, from the logged epoch times."""
-    return (sum(r["train_wall_s"] for r in results["rows"]) + sum(results["stage1_wall_s"].values())) / 60
+    return (sum(r.train_wall_s for r in results.rows) + sum(results.stage1_wall_s.values())) / 60
 
 
-def _note(row: dict) -> str:
+def _note(row: ResultRow) -> str:
     """The row's note plus its budget, e.g. '; 8 epochs, max fusion', from the run folder's resolved
     config.yaml (what the row was actually trained with); the note alone when there is no run folder."""
-    if not row.get("run"):
-        return row["note"]
-    path = Path(row["run"]) / "config.yaml"
+    if not row.run:
+        return row.note
+    path = Path(row.run) / "config.yaml"
     if not path.is_file():
-        return f"{row['note']}; {path} missing"
+        return f"{row.note}; {path} missing"
     cfg = yaml.safe_load(path.read_text())
     model, train = cfg.get("model", {}), cfg.get("train", {})
     epochs = train.get("epochs", "?")
     text = f"{epochs} epoch{'' if epochs == 1 else 's'}"
     if model.get("fusion") == "intermediate":
         text += f", {model.get('fusion_op', '?')} fusion"
-    return f"{row['note']}; {text}" if row["note"] else text
+    return f"{row.note}; {text}" if row.note else text
 
 
-def _interval_note(rows) -> list:
+def _interval_note(rows: Sequence[ResultRow]) -> list:
     """How the intervals were computed, from the rows' eval results, and the widest AP@0.5 half-width."""
-    boot = [r["eval"] for r in rows if r["eval"].get("ap_ci") and r["eval"].get("bootstrap")]
+    boot = [r.eval for r in rows if r.eval.get("ap_ci") and r.eval.get("bootstrap")]
     if not boot:
         return []
     b = boot[0]["bootstrap"]
@@ -56,14 +58,14 @@ def _interval_note(rows) -> list:
             + (f"; the widest AP@0.5 half-width is {max(half):.3f}." if half else ".")]
 
 
-def plot_ap_vs_bytes(rows, path: Path) -> Path:
+def plot_ap_vs_bytes(rows: Sequence[ResultRow], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     for thr, marker in ((0.5, "o"), (0.7, "s")):
         for k, r in enumerate(rows):  # one colour per method, shared by its two markers
-            b = max(r["eval"]["bytes_per_message"], 1.0)
-            ap = r["eval"]["ap"]["global"][str(thr)]
+            b = max(r.eval["bytes_per_message"], 1.0)
+            ap = r.eval["ap"]["global"][str(thr)]
             ax.scatter(math.log2(b), ap, marker=marker, s=60, color=f"C{k % 10}")
-            ax.annotate(r["method"].split(" (")[0], (math.log2(b), ap), textcoords="offset points",
+            ax.annotate(r.method.split(" (")[0], (math.log2(b), ap), textcoords="offset points",
                         xytext=(4, 4), fontsize=7)
     ax.set_xlabel("log2(bytes one collaborator sends per frame)  (0 = nothing sent)")
     ax.set_ylabel("AP (global order)")
@@ -78,19 +80,19 @@ def plot_ap_vs_bytes(rows, path: Path) -> Path:
 PR_THRESHOLDS = ("0.5", "0.7")
 
 
-def plot_pr_rows(rows, path: Path):
+def plot_pr_rows(rows: Sequence[ResultRow], path: Path):
     """Every row's global-order PR curve (the envelope stored in its eval result,
     ``eval.pr_curves``), one panel per IoU in :data:`PR_THRESHOLDS`; None when no row has curves."""
-    have = [(k, r) for k, r in enumerate(rows) if (r["eval"].get("pr_curves") or {}).get("curves")]
+    have = [(k, r) for k, r in enumerate(rows) if (r.eval.get("pr_curves") or {}).get("curves")]
     if not have:
         return None
     fig, axes = plt.subplots(1, len(PR_THRESHOLDS), figsize=(11, 4.5), dpi=110, sharey=True)
     for ax, thr in zip(axes, PR_THRESHOLDS):
         for k, r in have:
-            c = r["eval"]["pr_curves"]["curves"].get(thr, {"recall": [], "precision": []})
-            ap = r["eval"]["ap"]["global"].get(thr)
+            c = r.eval["pr_curves"]["curves"].get(thr, {"recall": [], "precision": []})
+            ap = r.eval["ap"]["global"].get(thr)
             ax.plot(c["recall"], c["precision"], color=f"C{k % 10}", drawstyle="steps-post",
-                    label=f"{r['method']} (AP {ap:.3f})" if ap is not None else r["method"])
+                    label=f"{r.method} (AP {ap:.3f})" if ap is not None else r.method)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("recall")
@@ -105,7 +107,7 @@ def plot_pr_rows(rows, path: Path):
     return path
 
 
-def _pr_section(rows, out: Path) -> list:
+def _pr_section(rows: Sequence[ResultRow], out: Path) -> list:
     """The PR figure and a link to each row's own pr_<label>.png (AP@0.3/0.5/0.7), when evaluated."""
     plot = plot_pr_rows(rows, out / "pr_curves.png")
     if plot is None:
@@ -113,20 +115,20 @@ def _pr_section(rows, out: Path) -> list:
     lines = ["## Precision-recall curves", "",
              "Each row's curve is the precision that AP integrates (the best precision at that recall or "
              "higher), global order; the legend repeats the row's AP.", "", f"![PR curves]({plot.name})", ""]
-    images = [(r["method"], r["eval"]["pr_curves"].get("image")) for r in rows
-              if (r["eval"].get("pr_curves") or {}).get("image")]
+    images = [(r.method, r.eval["pr_curves"].get("image")) for r in rows
+              if (r.eval.get("pr_curves") or {}).get("image")]
     if images:
         lines += ["Per row, AP@0.3 / 0.5 / 0.7 on one plot: " + ", ".join(
             f"[{m}]({Path(os.path.relpath(img, out)).as_posix()})" for m, img in images), ""]
     return lines
 
 
-def _visibility_table(rows) -> list:
+def _visibility_table(rows: Sequence[ResultRow]) -> list:
     """Recall@0.5 by who sees each GT object (ego / only a collaborator / nobody), when evaluated."""
-    have = [r for r in rows if r["eval"].get("recall_by_visibility")]
+    have = [r for r in rows if r.eval.get("recall_by_visibility")]
     if not have:
         return []
-    groups = list(have[0]["eval"]["recall_by_visibility"])
+    groups = list(have[0].eval["recall_by_visibility"])
     lines = ["", "Recall@0.5 by who sees each test object (>= 5 of an agent's LiDAR points, or its own car); "
              "only the collaborator-only column can show what a message carries that the ego cannot see:", "",
              "| method | " + " | ".join(g.replace("_", " ") for g in groups) + " |",
@@ -134,18 +136,18 @@ def _visibility_table(rows) -> list:
     for r in have:
         cells = []
         for g in groups:
-            v = r["eval"]["recall_by_visibility"][g]
+            v = r.eval["recall_by_visibility"][g]
             cells.append("-" if v["recall"] is None else f"{v['recall']:.3f} of {v['gt']}")
-        lines.append(f"| {r['method']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r.method} | " + " | ".join(cells) + " |")
     lines += ["", "A row counts the agents of its own alliance: for an m1-only model (no fusion) what only an m3 "
               "collaborator sees falls under nobody."]
     return lines
 
 
-def _localisation_table(rows) -> list:
+def _localisation_table(rows: Sequence[ResultRow]) -> list:
     """Box precision of the objects each method finds (opencood_ext.eval.localisation), when evaluated:
     what separates AP@0.7 from AP@0.5."""
-    have = [r for r in rows if r["eval"].get("localisation")]
+    have = [r for r in rows if r.eval.get("localisation")]
     if not have:
         return []
     lines = ["", "Box precision of the objects each method finds (best-IoU detection per test object, found = "
@@ -153,18 +155,18 @@ def _localisation_table(rows) -> list:
              "| method | found | mean IoU | share reaching IoU 0.7 | median centre error | median yaw error | "
              "share reaching 0.7, collaborator-only objects |", "|---|---|---|---|---|---|---|"]
     for r in have:
-        a = r["eval"]["localisation"]["all"]
-        c = r["eval"]["localisation"].get("collaborators_only", {})
+        a = r.eval["localisation"]["all"]
+        c = r.eval["localisation"].get("collaborators_only", {})
         if not a["found"]:
-            lines.append(f"| {r['method']} | 0 of {a['gt']} | - | - | - | - | - |")
+            lines.append(f"| {r.method} | 0 of {a['gt']} | - | - | - | - | - |")
             continue
         collab = f"{c['share_iou_0.7']:.2f} of {c['found']}" if c.get("found") else "-"
-        lines.append(f"| {r['method']} | {a['found']} of {a['gt']} | {a['mean_iou']:.3f} | {a['share_iou_0.7']:.2f} | "
+        lines.append(f"| {r.method} | {a['found']} of {a['gt']} | {a['mean_iou']:.3f} | {a['share_iou_0.7']:.2f} | "
                      f"{a['median_centre_m']:.2f} m | {a['median_yaw_deg']:.1f} deg | {collab} |")
     return lines
 
 
-def robustness_section(out: Path, rows=()) -> list:
+def robustness_section(out: Path, rows: Sequence[ResultRow] = ()) -> list:
     """The robustness sweep's tables and curves (``out/robustness/robustness.json``, written by the
     main job's robustness step); nothing when the sweep has not run. When the sweep's runs are not
     the table's ``rows`` (an invocation that only added a training seed), it says whose they are."""
@@ -176,7 +178,7 @@ def robustness_section(out: Path, rows=()) -> list:
     data = json.loads(path.read_text())
     seed = data["settings"]["channel_seed"]
     theirs = sorted({str(Path(r["run_dir"]).parent) for r in data["runs"]})
-    ours = {str(Path(r["run"]).parent) for r in rows if r.get("run")}
+    ours = {str(Path(r.run).parent) for r in rows if r.run}
     whose = [] if not ours or set(theirs) <= ours else [
         f"This sweep comes from an earlier invocation, on the runs in {', '.join(f'`{t}`' for t in theirs)}, "
         "not on the runs of the table above.", ""]
@@ -197,49 +199,50 @@ def robustness_section(out: Path, rows=()) -> list:
     return lines + format_tables(data, "###") + ["![AP under channel effects](robustness/robustness.png)", ""]
 
 
-def steps_section(results: dict) -> list:
+def steps_section(results: Results) -> list:
     """The wall time of every step of this invocation (issue: the main job states its cost)."""
-    steps = results.get("steps") or []
+    steps = results.steps
     if not steps:
         return []
     lines = ["## Wall time of each step (this invocation)", "",
              "A step that a rerun found finished takes seconds; the training rows above give each run's logged "
              "training time.", "", "| step | minutes |", "|---|---|"]
-    lines += [f"| {st['step']} | {st['seconds'] / 60:.1f} |" for st in steps]
-    lines += [f"| **total** | **{results['total_wall_s'] / 60:.1f}** |", ""]
-    if "from_scratch" in results:  # results of older invocations do not say
+    lines += [f"| {st.step} | {st.seconds / 60:.1f} |" for st in steps]
+    lines += [f"| **total** | **{results.total_wall_s / 60:.1f}** |", ""]
+    if results.from_scratch is not None:  # results of older invocations do not say
         lines += ["From scratch: nothing existed before this invocation, so the total is the main job's whole cost."
-                  if results["from_scratch"] else
-                  "Not from scratch: this invocation found " + ", ".join(f"`{p}`" for p in results["found_finished"])
+                  if results.from_scratch else
+                  "Not from scratch: this invocation found " + ", ".join(f"`{p}`" for p in results.found_finished or [])
                   + " and reused what was finished there, so the total is not the main job's whole cost.", ""]
     return lines
 
 
-def seed_section(results: dict) -> list:
-    """The spread over training seeds (:mod:`gencomm.seeds`), from the seed archives the main job
-    listed (``results["seed_archives"]``); nothing with fewer than two."""
-    folders = results.get("seed_archives") or []
+def seed_section(results: Results) -> list:
+    """The spread over training seeds (:mod:`experiments.seeds`), from the seed archives the main job
+    listed (``results.seed_archives``); nothing with fewer than two."""
+    folders = results.seed_archives
     if len(folders) < 2:
         return []
     from .seeds import load_archives, seed_section as spread_section
     return spread_section(load_archives(folders))
 
 
-def _test_split(results: dict) -> str:
+def _test_split(results: Results) -> str:
     """Which test split every AP is on (results.json's ``test_data``; older results: the dataset's)."""
-    test = results.get("test_data", results["data"])
-    if test == results["data"]:
+    test = results.test_data or results.data
+    if test == results.data:
         return "AP on the dataset's test split."
     return (f"AP on the separate test set `{test}` (its scenes are never in the training data; "
             "docs/statistics.md).")
 
 
-def write_report(results: dict, out: Path) -> Path:
-    rows = [r for r in results["rows"] if r.get("table", "main") == "main"]
+def write_report(results: Results, out: Path) -> Path:
+    """``out/REPORT.md`` (and its plots) from ``results``; returns its path."""
+    rows: List[ResultRow] = results.main_rows()
     plot = plot_ap_vs_bytes(rows, out / "ap_vs_bytes.png")
     lines = ["# GenComm on the embedded default (built-in simulator)", "",
-             f"Profile `{results['profile']}`, seed {results['seed']}, data `{results['data']}`; "
-             f"this invocation took {results['total_wall_s'] / 60:.1f} min (a rerun skips finished training "
+             f"Profile `{results.profile}`, seed {results.seed}, data `{results.data}`; "
+             f"this invocation took {results.total_wall_s / 60:.1f} min (a rerun skips finished training "
              f"and only re-evaluates); training itself took {_training_minutes(results):.0f} min on this machine.", "",
              "Ego m1 (PointPillars, 64-beam LiDAR); collaborators m3 (SECOND, 32-beam LiDAR) and other m1 "
              "agents, assigned m1, m3, m1, ... by agent id. " + _test_split(results) + " IoU on BEV rotated boxes.",
@@ -249,18 +252,18 @@ def write_report(results: dict, out: Path) -> Path:
              "trainable params | training wall time | note |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ev, e = r["eval"], r.get("ego_only", {})
+        ev, e = r.eval, r.ego_only or {}
         solo = " / ".join(ap_cell(e, "global", t) for t in ("0.3", "0.5", "0.7")) if e.get("ap") else "-"
-        lines.append(f"| {r['method']} | {ap_cell(ev, 'global', '0.3')} | {ap_cell(ev, 'global', '0.5')} | "
+        lines.append(f"| {r.method} | {ap_cell(ev, 'global', '0.3')} | {ap_cell(ev, 'global', '0.5')} | "
                      f"{ap_cell(ev, 'global', '0.7')} | {ap_cell(ev, 'per_frame', '0.5')} / {ap_cell(ev, 'per_frame', '0.7')} | "
-                     f"{solo} | {fmt_bytes(r['eval']['bytes_per_message'])} | "
-                     f"{r['trainable_params']:,} | {r['train_wall_s']:.0f} s | {_note(r)} |")
+                     f"{solo} | {fmt_bytes(ev['bytes_per_message'])} | "
+                     f"{r.trainable_params:,} | {r.train_wall_s:.0f} s | {_note(r)} |")
     lines += _interval_note(rows)
     lines += differences(rows)
     lines += _visibility_table(rows)
     lines += _localisation_table(rows)
-    ob = results["onboarding"]
-    s1 = results["stage1_wall_s"]
+    ob = results.onboarding
+    s1 = results.stage1_wall_s
     lines += ["", "AP columns use the GLOBAL sort of all detections (HEAL's default); the per-frame order "
               "(OpenCOOD's default) is given for comparison. Bytes are the encoded packets one collaborator "
               "sends per frame (header included), averaged over collaborators. \"Collaborators off\" runs the "
@@ -274,7 +277,7 @@ def write_report(results: dict, out: Path) -> Path:
               "", f"![AP against bytes]({plot.name})", ""]
     lines += _pr_section(rows, out)
     lines += robustness_section(out, rows)
-    lines += hetero_section(results["rows"], out)
+    lines += hetero_section(results.hetero_rows(), out)
     lines += seed_section(results)
     lines += steps_section(results)
     path = out / "REPORT.md"

@@ -1,12 +1,15 @@
-"""Table cells that REPORT.md's sections share (:mod:`gencomm.report` and
-:mod:`gencomm.report_hetero`): an AP with its interval, a paired difference, a byte count,
+"""Table cells that REPORT.md's sections share (:mod:`experiments.report` and
+:mod:`experiments.report_hetero`): an AP with its interval, a paired difference, a byte count,
 and the paired-differences section against GenComm."""
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Sequence
 
 from opencood_ext.eval.bootstrap import FrameRecords, paired_difference
+
+from .results import ResultRow
 
 
 def fmt_bytes(b: float) -> str:
@@ -27,34 +30,34 @@ def diff_cell(d, k: int) -> str:
     return f"**{cell}**" if d.significant("global")[k] else cell
 
 
-def differences(rows, reference: str = "GenComm") -> list:
+def differences(rows: Sequence[ResultRow], reference: str = "GenComm") -> list:
     """Paired differences ``AP(row) - AP(GenComm)`` on the same test frames (the rows'
     ``eval.frames_file``), global order, with their 95% intervals and which exclude 0."""
-    ref = next((r for r in rows if reference in r["method"]), None)
+    ref = next((r for r in rows if reference in r.method), None)
     if ref is None:
         return []
-    lines = ["", f"## Paired differences against {ref['method']}", "",
+    lines = ["", f"## Paired differences against {ref.method}", "",
              "Each method's AP minus GenComm's on the same test frames, global order; the 95% interval "
              "resamples whole test scenes with the same draws for both methods. **Bold**: the interval "
              "excludes 0 (significant at 95%).", "",
              "| method | AP@0.3 | AP@0.5 | AP@0.7 | significant |", "|---|---|---|---|---|"]
-    ref_file = ref["eval"].get("frames_file")
+    ref_file = ref.eval.get("frames_file")
     if not ref_file or not Path(ref_file).is_file():
-        return lines[:2] + [f"Not computed: {ref['method']} has no per-frame records (eval frames_file)."]
+        return lines[:2] + [f"Not computed: {ref.method} has no per-frame records (eval frames_file)."]
     ref_rec = FrameRecords.load(ref_file)
-    boot = ref["eval"].get("bootstrap") or {}
+    boot = ref.eval.get("bootstrap") or {}
     verdicts = {True: [], False: []}  # "method (AP@0.5, AP@0.7)" per side
     for r in rows:
         if r is ref:
             continue
-        path = r["eval"].get("frames_file")
+        path = r.eval.get("frames_file")
         if not path or not Path(path).is_file():
-            lines.append(f"| {r['method']} | - | - | - | no per-frame records |")
+            lines.append(f"| {r.method} | - | - | - | no per-frame records |")
             continue
         try:
             d = paired_difference(FrameRecords.load(path), ref_rec, boot.get("resamples", 1000), boot.get("seed", 0))
         except ValueError as exc:
-            lines.append(f"| {r['method']} | - | - | - | not paired: {exc} |")
+            lines.append(f"| {r.method} | - | - | - | not paired: {exc} |")
             continue
         sig = d.significant("global")
         cells = [diff_cell(d, k) for k in range(len(d.thresholds))]
@@ -62,8 +65,8 @@ def differences(rows, reference: str = "GenComm") -> list:
         for side in (True, False):
             which = [f"AP@{t}" for k, t in enumerate(d.thresholds) if sig[k] == side]
             if which:
-                verdicts[side].append(f"{r['method']} ({', '.join(which)})")
-        lines.append(f"| {r['method']} | " + " | ".join(cells) + f" | {', '.join(named) or 'none'} |")
+                verdicts[side].append(f"{r.method} ({', '.join(which)})")
+        lines.append(f"| {r.method} | " + " | ".join(cells) + f" | {', '.join(named) or 'none'} |")
     lines += ["", "Significant: " + ("; ".join(verdicts[True]) or "none") + ".",
               "Not significant: " + ("; ".join(verdicts[False]) or "none") + "."]
     return lines

@@ -1,4 +1,4 @@
-"""REPORT.md's heterogeneous-benchmark section (:mod:`gencomm.benchmark`): the
+"""REPORT.md's heterogeneous-benchmark section (:mod:`experiments.benchmark`): the
 dynamic table (AP as new types join m1's alliance: m2, m3, m4, or the subset the benchmark ran), the cost of onboarding per
 method (trainable parameters, GFLOPs, wall time, bytes), paired differences
 against GenComm on the full alliance, and AP against trainable parameters and
@@ -18,6 +18,7 @@ from opencood_ext.eval.bootstrap import FrameRecords, frames_path, paired_differ
 from opencood_ext.eval.dynamic import alliance_label  # noqa: E402
 
 from .report_cells import ap_cell, diff_cell, differences, fmt_bytes  # noqa: E402
+from .results import ResultRow  # noqa: E402
 
 
 TYPE_NAMES = {"m1": "PointPillars 64-beam", "m2": "LSS camera", "m3": "SECOND 32-beam",
@@ -28,9 +29,9 @@ def _cell(d: dict, thr: str) -> str:
     return ap_cell(d, "global", thr)
 
 
-def _costs(r: dict) -> tuple:
+def _costs(r: ResultRow) -> tuple:
     """(params per new type, GFLOPs per new type) text from the row's dynamic entries."""
-    new = [d for d in r["dynamic"][1:] if d.get("onboard_params") is not None]
+    new = [d for d in (r.dynamic or [])[1:] if d.get("onboard_params") is not None]
     if not new:
         return "-", "-"
     params = ", ".join(f"{d['types'][-1]} {d['onboard_params']:,}" for d in new)
@@ -38,17 +39,17 @@ def _costs(r: dict) -> tuple:
     return params, gflops or "-"
 
 
-def plot_costs(rows: List[dict], path: Path) -> Path:
+def plot_costs(rows: List[ResultRow], path: Path) -> Path:
     """AP@0.5 / AP@0.7 of the full alliance against trainable parameters and against bytes per message."""
-    types = rows[0]["dynamic"][-1]["types"]
+    types = rows[0].dynamic[-1]["types"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
     for k, r in enumerate(rows):
-        ev = r["eval"]
-        xs = (max(r["trainable_params"], 1), max(ev["bytes_per_message"], 1.0))
+        ev = r.eval
+        xs = (max(r.trainable_params, 1), max(ev["bytes_per_message"], 1.0))
         for ax, x in zip(axes, xs):
             for thr, marker in (("0.5", "o"), ("0.7", "s")):
                 ax.scatter(math.log10(x), ev["ap"]["global"][thr], marker=marker, s=55, color=f"C{k % 10}")
-            ax.annotate(r["method"].split(" (")[0], (math.log10(x), ev["ap"]["global"]["0.5"]),
+            ax.annotate(r.method.split(" (")[0], (math.log10(x), ev["ap"]["global"]["0.5"]),
                         textcoords="offset points", xytext=(4, 4), fontsize=7)
     axes[0].set_xlabel(f"log10(trainable parameters to onboard {', '.join(types[1:])})  (0 = none trained)")
     axes[1].set_xlabel("log10(bytes one collaborator sends per frame)")
@@ -62,9 +63,9 @@ def plot_costs(rows: List[dict], path: Path) -> Path:
     return path
 
 
-def _origin(rows: List[dict]) -> str:
+def _origin(rows: List[ResultRow]) -> str:
     """Which stage-1 runs the onboarding rows started from (their ``stage1``, set by the benchmark)."""
-    if any(r.get("stage1") == "full_feature" for r in rows):
+    if any(r.stage1 == "full_feature" for r in rows):
         return ("GenComm starts from its homogeneous stage-1 runs (one per type); the other methods start "
                 "from homogeneous full-feature intermediate-fusion stage-1 runs, as the reference code trains "
                 "their stage 1.")
@@ -73,15 +74,15 @@ def _origin(rows: List[dict]) -> str:
             "full features they send.")
 
 
-def _increment(r: dict, types: List[str]) -> str:
+def _increment(r: ResultRow, types: List[str]) -> str:
     """AP@0.5 / AP@0.7 of the alliance ``types`` minus that of ``types[:-1]``, same run and test frames,
     with the paired scene-bootstrap interval; '-' when the run has no evaluation of both alliances
     (the no-fusion row is one evaluation for every alliance)."""
-    run = r.get("run")
+    run = r.run
     paths = [frames_path(run, alliance_label(t)) for t in (types, types[:-1])] if run else []
     if not paths or not all(p.is_file() for p in paths):
         return "-"
-    boot = r["eval"].get("bootstrap") or {}
+    boot = r.eval.get("bootstrap") or {}
     try:
         d = paired_difference(*(FrameRecords.load(p) for p in paths), boot.get("resamples", 1000),
                               boot.get("seed", 0))
@@ -90,7 +91,7 @@ def _increment(r: dict, types: List[str]) -> str:
     return " / ".join(diff_cell(d, k) for k, t in enumerate(d.thresholds) if round(float(t), 2) in (0.5, 0.7))
 
 
-def increments_section(rows: List[dict], types: List[str]) -> List[str]:
+def increments_section(rows: List[ResultRow], types: List[str]) -> List[str]:
     """What each joining type adds to its method's alliance: paired differences between consecutive
     alliances of the same run on the same test frames (does the new agent help at all?)."""
     lines = ["", "## What each new type adds", "",
@@ -99,17 +100,17 @@ def increments_section(rows: List[dict], types: List[str]) -> List[str]:
              "**Bold**: the interval excludes 0.", "",
              "| method | " + " | ".join(f"+{t}" for t in types[1:]) + " |", "|---|" + "---|" * (len(types) - 1)]
     for r in rows:
-        lines.append(f"| {r['method']} | " + " | ".join(_increment(r, types[:k + 1])
+        lines.append(f"| {r.method} | " + " | ".join(_increment(r, types[:k + 1])
                                                       for k in range(1, len(types))) + " |")
     return lines
 
 
-def hetero_section(rows: List[dict], out: Path) -> List[str]:
+def hetero_section(rows: List[ResultRow], out: Path) -> List[str]:
     """The section's markdown lines ([] without benchmark rows)."""
-    rows = [r for r in rows if r.get("table") == "heterogeneous"]
+    rows = [r for r in rows if r.table == "heterogeneous"]
     if not rows:
         return []
-    types = [d["types"][-1] for d in rows[0]["dynamic"]]
+    types = [d["types"][-1] for d in rows[0].dynamic]
     lines = [f"## Heterogeneous benchmark: {', '.join(types[1:])} join{'s' if len(types) == 2 else ''} "
              f"{types[0]}'s alliance", "",
              _origin(rows) + f" The ego alliance ({types[0]}'s stack, fusion and head) stays frozen. "
@@ -118,18 +119,18 @@ def hetero_section(rows: List[dict], out: Path) -> List[str]:
              "| method | " + " | ".join(("{" + types[0] + "}") if i == 0 else "+" + t for i, t in enumerate(types)) + " |",
              "|---|" + "---|" * len(types)]
     for r in rows:
-        cells = [f"{_cell(d, '0.5')} / {_cell(d, '0.7')}" for d in r["dynamic"]]
-        lines.append(f"| {r['method']} | " + " | ".join(cells) + " |")
+        cells = [f"{_cell(d, '0.5')} / {_cell(d, '0.7')}" for d in r.dynamic]
+        lines.append(f"| {r.method} | " + " | ".join(cells) + " |")
     lines += ["", f"The full alliance, and what onboarding {', '.join(types[1:])} cost:", "",
               "| method | AP@0.3 | AP@0.5 | AP@0.7 | AP@0.5 / 0.7 (per-frame order) | trainable params (total) | "
               "per new type | GFLOPs per new type and frame | onboarding wall time | bytes per message |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ev = r["eval"]
+        ev = r.eval
         params, gflops = _costs(r)
-        lines.append(f"| {r['method']} | {ap_cell(ev, 'global', '0.3')} | {ap_cell(ev, 'global', '0.5')} | "
+        lines.append(f"| {r.method} | {ap_cell(ev, 'global', '0.3')} | {ap_cell(ev, 'global', '0.5')} | "
                      f"{ap_cell(ev, 'global', '0.7')} | {ap_cell(ev, 'per_frame', '0.5')} / {ap_cell(ev, 'per_frame', '0.7')} | "
-                     f"{r['trainable_params']:,} | {params} | {gflops} | {r['train_wall_s']:.0f} s | "
+                     f"{r.trainable_params:,} | {params} | {gflops} | {r.train_wall_s:.0f} s | "
                      f"{fmt_bytes(ev['bytes_per_message'])} |")
     lines += ["", "GFLOPs count what trains for a new type on one frame (the deformable convolution included); "
               "parameters per new type are those its onboarding trains (CodeFilling's quantiser is shared by all "

@@ -13,7 +13,8 @@ a small archive (tens of kB) that can be committed and combined later::
 ``<out>/seeds``); :func:`seed_section` turns a set of archives into the report's spread section:
 every row's AP per seed with mean and standard deviation, each row's paired difference against
 GenComm per seed and pooled over seeds, what cooperation adds (same weights, collaborators off),
-and which claims hold in every seed. ``tools/seed_report.py`` runs both from the command line.
+and which claims hold in every seed. ``gencomm-seed-report`` (from a checkout
+``python tools/seed_report.py``) runs both from the command line.
 """
 from __future__ import annotations
 
@@ -30,13 +31,17 @@ import numpy as np
 
 from opencood_ext.eval.bootstrap import FrameRecords, paired_difference, pooled_paired_difference
 
+from .results import ArchivedEval, ArchivedRow, ResultRow, Results, ResultsError
+
 THRESHOLDS = ("0.3", "0.5", "0.7")
 REFERENCE = "GenComm"
 ARCHIVE_VERSION = 1
 
 
 def git_commit(root: Path) -> Optional[str]:
-    """HEAD of the checkout at ``root``, None outside git."""
+    """HEAD of the checkout at ``root``, None when ``root`` is not a git checkout (an installed package)."""
+    if not (Path(root) / ".git").exists():
+        return None
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
@@ -44,8 +49,8 @@ def git_commit(root: Path) -> Optional[str]:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def archive_seed(rows: Sequence[dict], seed: int, dest: Path, meta: Optional[dict] = None) -> Path:
-    """Write ``dest/seed<seed>/`` from main-table rows (``results.json`` rows: ``method``, ``eval`` and
+def archive_seed(rows: Sequence[ResultRow], seed: int, dest: Path, meta: Optional[dict] = None) -> Path:
+    """Write ``dest/seed<seed>/`` from the main-table rows among ``rows`` (their ``eval`` and
     ``ego_only`` with their ``frames_file``, ``trainable_params``, ``train_wall_s``); returns the folder.
 
     Rows without per-frame records raise (the archive would not support the paired statistics)."""
@@ -54,25 +59,24 @@ def archive_seed(rows: Sequence[dict], seed: int, dest: Path, meta: Optional[dic
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     entries = []
-    for k, r in enumerate(r for r in rows if r.get("table", "main") == "main"):
-        entry = {"method": r["method"], "trainable_params": r.get("trainable_params"),
-                 "train_wall_s": r.get("train_wall_s")}
-        for key, suffix in (("eval", ""), ("ego_only", "_ego_only")):
-            ev = r.get(key) or {}
+    for k, r in enumerate(r for r in rows if r.table == "main"):
+        evals = {}
+        for key, ev, suffix in (("eval", r.eval, ""), ("ego_only", r.ego_only or {}, "_ego_only")):
             src = ev.get("frames_file")
             if not src or not Path(src).is_file():
                 shutil.rmtree(tmp)
-                raise FileNotFoundError(f"row {r['method']!r}: {key}.frames_file {src!r} is missing; evaluate the "
-                                        "run again (tools/inference.py writes it) before archiving")
+                raise FileNotFoundError(f"row {r.method!r}: {key}.frames_file {src!r} is missing; evaluate the "
+                                        "run again (gencomm-infer writes it) before archiving")
             name = f"row{k}{suffix}.npz"
-            if key == "ego_only" and src == r["eval"]["frames_file"]:
-                name = entry["eval"]["frames"]  # no fusion: its own evaluation has no collaborators to switch off
+            if key == "ego_only" and src == r.eval["frames_file"]:
+                name = evals["eval"].frames  # no fusion: its own evaluation has no collaborators to switch off
             else:
                 shutil.copyfile(src, tmp / name)
-            entry[key] = {"ap": ev["ap"], "ap_ci": ev.get("ap_ci"), "frames": name,
-                          "bytes_per_message": ev.get("bytes_per_message"),
-                          "recall_by_visibility": ev.get("recall_by_visibility")}
-        entries.append(entry)
+            evals[key] = ArchivedEval(ap=ev["ap"], ap_ci=ev.get("ap_ci"), frames=name,
+                                      bytes_per_message=ev.get("bytes_per_message"),
+                                      recall_by_visibility=ev.get("recall_by_visibility"))
+        entries.append(ArchivedRow(r.method, evals["eval"], evals["ego_only"], r.trainable_params,
+                                   r.train_wall_s).to_dict())
     doc = {"version": ARCHIVE_VERSION, "seed": int(seed), **(meta or {}),
            # the code that trained the runs: the caller's when it knows it, else this checkout's
            "commit": meta["commit"] if meta and "commit" in meta else git_commit(Path(__file__).resolve().parents[1]),
@@ -91,13 +95,14 @@ class SeedArchive:
     folder: Path
     seed: int
     meta: dict
-    rows: List[dict]
+    rows: List[ArchivedRow]
 
-    def row(self, method: str) -> Optional[dict]:
-        return next((r for r in self.rows if r["method"] == method), None)
+    def row(self, method: str) -> Optional[ArchivedRow]:
+        return next((r for r in self.rows if r.method == method), None)
 
-    def records(self, row: dict, key: str = "eval") -> FrameRecords:
-        return FrameRecords.load(self.folder / row[key]["frames"])
+    def records(self, row: ArchivedRow, key: str = "eval") -> FrameRecords:
+        """The per-frame records of ``row``'s evaluation ``key`` ("eval" or "ego_only")."""
+        return FrameRecords.load(self.folder / (row.eval if key == "eval" else row.ego_only).frames)
 
     def test_frames(self) -> set:
         """The keys (``scene/timestamp``) of the test frames its rows were evaluated on."""
@@ -109,7 +114,7 @@ def load_archive(folder) -> SeedArchive:
     path = Path(folder) / "rows.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no seed archive here (written by the main job in <out>/seeds/seed<s>/ "
-                                "or by tools/seed_report.py archive)")
+                                "or by gencomm-seed-report archive)")
     try:
         doc = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -119,12 +124,11 @@ def load_archive(folder) -> SeedArchive:
             raise ValueError(f"{path}: missing field {field!r}")
     if doc["version"] != ARCHIVE_VERSION:
         raise ValueError(f"{path}: field 'version' is {doc['version']!r}; this code reads version {ARCHIVE_VERSION}")
-    for k, r in enumerate(doc["rows"]):
-        for field in ("method", "eval", "ego_only"):
-            if field not in r:
-                raise ValueError(f"{path}: rows[{k}] has no field {field!r}")
+    if not isinstance(doc["rows"], list):
+        raise ValueError(f"{path}: field 'rows' must be a list")
+    rows = [ArchivedRow.from_dict(r, f"rows[{k}].", str(path)) for k, r in enumerate(doc["rows"])]
     meta = {k: v for k, v in doc.items() if k not in ("rows", "seed")}
-    return SeedArchive(Path(folder), int(doc["seed"]), meta, doc["rows"])
+    return SeedArchive(Path(folder), int(doc["seed"]), meta, rows)
 
 
 def load_archives(folders: Sequence) -> List[SeedArchive]:
@@ -151,7 +155,7 @@ def load_archives(folders: Sequence) -> List[SeedArchive]:
 
 def _methods(archives: Sequence[SeedArchive]) -> List[str]:
     """Rows present in every archive, in the first archive's order."""
-    return [r["method"] for r in archives[0].rows if all(a.row(r["method"]) for a in archives)]
+    return [r.method for r in archives[0].rows if all(a.row(r.method) for a in archives)]
 
 
 def _mean_std(values: Sequence[float]) -> tuple:
@@ -163,7 +167,7 @@ def spread_json(archives: Sequence[SeedArchive]) -> List[dict]:
     """Per row: global AP of every seed, and mean / sample std over seeds per IoU threshold."""
     out = []
     for m in _methods(archives):
-        aps = {str(a.seed): a.row(m)["eval"]["ap"]["global"] for a in archives}
+        aps = {str(a.seed): a.row(m).eval.ap["global"] for a in archives}
         entry = {"method": m, "seeds": aps}
         for t in THRESHOLDS:
             mean, std = _mean_std([ap[t] for ap in aps.values()])
@@ -235,7 +239,7 @@ def seed_section(archives: Sequence[SeedArchive], resamples: int = 1000) -> List
               "| method | " + " | ".join(f"AP@{t}" for t in THRESHOLDS) + " |", "|---|---|---|---|"]
     for m in methods:
         rows = [a.row(m) for a in archives]
-        if all(r["eval"]["frames"] == r["ego_only"]["frames"] for r in rows):
+        if all(r.eval.frames == r.ego_only.frames for r in rows):
             continue  # no fusion: its own ego-only evaluation
         per_seed, pooled = _paired(archives, rows, rows, "eval", "ego_only", resamples)
         lines.append(f"| {m} | " + " | ".join(_paired_cells(per_seed, pooled)) + " |")
@@ -255,7 +259,7 @@ def _collaborator_only_recall(archives: Sequence[SeedArchive], methods: Sequence
     for m in methods:
         cells = []
         for a in archives:
-            v = ((a.row(m)["eval"].get("recall_by_visibility") or {}).get("collaborators_only") or {})
+            v = ((a.row(m).eval.recall_by_visibility or {}).get("collaborators_only") or {})
             cells.append(None if v.get("recall") is None else f"{v['recall']:.3f} ({round(v['recall'] * v['gt'])} of "
                                                              f"{v['gt']})")
         if any(cells):
@@ -267,41 +271,27 @@ def _collaborator_only_recall(archives: Sequence[SeedArchive], methods: Sequence
             "|---|" + "---|" * len(archives), *rows]
 
 
-class _SeedReportError(ValueError):
-    """A seed_report input that is not what it should be; the message names the file."""
-
-
 def _archive_command(args):
-    """``seed_report.py archive``: (archive folder, seed); raises _SeedReportError on a bad results file."""
-    if not args.results.is_file():
-        raise _SeedReportError(f"{args.results}: no such file")
-    try:
-        res = json.loads(args.results.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _SeedReportError(f"{args.results}: not a results.json ({exc})") from None
-    if not isinstance(res, dict):
-        raise _SeedReportError(f"{args.results}: not a results.json (expected a JSON object)")
-    for field in ("rows", "training_seeds", "profile", "seed"):
-        if field not in res:
-            raise _SeedReportError(f"{args.results}: missing field {field!r}")
-    seed = res["training_seeds"][0] if args.seed is None else args.seed
-    try:
-        folder = archive_seed(res["rows"], seed, args.out,
-                              {"profile": res["profile"], "data_seed": res["seed"], "from": str(args.results),
-                               "commit": args.commit or res.get("commit")})
-    except (OSError, KeyError, TypeError) as exc:
-        raise _SeedReportError(f"{args.results}: {exc}") from None
+    """``gencomm-seed-report archive``: (archive folder, seed); a bad results file raises ResultsError."""
+    res = Results.load(args.results)
+    if args.seed is None and not res.training_seeds:
+        raise ResultsError(f"{args.results}: missing field 'training_seeds' (give --seed)")
+    seed = res.training_seeds[0] if args.seed is None else args.seed
+    folder = archive_seed(res.rows, seed, args.out, {"profile": res.profile, "data_seed": res.seed,
+                                                     "from": str(args.results), "commit": args.commit or res.commit})
     return folder, seed
 
 
 def main(argv=None) -> int:
-    """``seed_report.py archive RESULTS_JSON -o DIR`` | ``seed_report.py report ARCHIVE... [-o FILE]``."""
+    """``gencomm-seed-report archive RESULTS_JSON -o DIR`` | ``gencomm-seed-report report ARCHIVE... [-o FILE]``:
+    exit 0, or 2 with one line on stderr naming the file for any bad input."""
     import argparse
-    p = argparse.ArgumentParser(prog="seed_report.py", description=__doc__,
+    from opencood_ext.cli.errors import READ_ERRORS, one_line
+    p = argparse.ArgumentParser(prog="gencomm-seed-report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("archive", help="archive the main-table rows of a main job's results.json")
-    a.add_argument("results", type=Path, help="results.json written by tools/reproduce.py")
+    a.add_argument("results", type=Path, help="results.json written by gencomm-reproduce")
     a.add_argument("-o", "--out", type=Path, required=True, help="folder that receives seed<s>/")
     a.add_argument("--seed", type=int, default=None, help="the training seed (default: results.json's first)")
     a.add_argument("--commit", default=None,
@@ -319,15 +309,15 @@ def main(argv=None) -> int:
             print(f"archived seed {seed}: {folder}")
             return 0
         archives = load_archives(args.archives)
-    except (OSError, ValueError) as exc:  # _SeedReportError included
-        print(f"error: seed_report: {exc}", file=sys.stderr)
+        text = "\n".join(seed_section(archives, args.resamples))
+        if args.out:
+            args.out.write_text(text)
+        if args.json:
+            args.json.write_text(json.dumps(spread_json(archives), indent=2))
+    except READ_ERRORS as exc:  # a missing or unreadable file, a malformed archive or results.json
+        print(f"error: gencomm-seed-report: {one_line(exc)}", file=sys.stderr)
         return 2
-    text = "\n".join(seed_section(archives, args.resamples))
     print(text)
-    if args.out:
-        args.out.write_text(text)
-    if args.json:
-        args.json.write_text(json.dumps(spread_json(archives), indent=2))
     return 0
 
 

@@ -1,12 +1,15 @@
-"""The heterogeneous benchmark on a chosen alliance (``tools/reproduce.py --benchmark_types``):
+"""The heterogeneous benchmark on a chosen alliance (``gencomm-reproduce --benchmark_types``):
 every method has a stage-2 config per alliance built from the same method fragment, a missing
 alliance fails before anything trains, and the report names the alliance that ran."""
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 import gencomm  # noqa: F401  (registers GenComm's link and onboarding)
-from gencomm.benchmark import METHODS, run_benchmark, stage2_config
+from experiments.benchmark import METHODS, run_benchmark, stage2_config
+from experiments.results import ResultRow
+from opencood_ext.config_files import configs_root
 from opencood_ext.experiment import load_experiment
 
 ALLIANCES = [("m1", "m3"), ("m1", "m2"), ("m1", "m2", "m3", "m4")]
@@ -35,24 +38,32 @@ def test_alliances_share_the_method_part(method):
 
 
 def test_main_table_onboarding_is_the_benchmark_gencomm_run_on_the_lidar_pair():
-    from gencomm.reproduce import STAGE2
-    assert STAGE2 == stage2_config("sim", "gencomm", ("m1", "m3"))
+    from experiments.profiles import STAGE2
+    assert configs_root() / STAGE2 == stage2_config("sim", "gencomm", ("m1", "m3"))
+
+
+def test_stage2_configs_come_from_the_configs_root_given(tmp_path):
+    (tmp_path / "sim" / "stage2").mkdir(parents=True)
+    (tmp_path / "sim" / "stage2" / "stamp_m1_m3.yaml").write_text("name: x\n")
+    assert stage2_config("sim", "stamp", ("m1", "m3"), tmp_path) == tmp_path / "sim" / "stage2" / "stamp_m1_m3.yaml"
+    with pytest.raises(FileNotFoundError, match="gencomm_m1_m3.yaml"):
+        stage2_config("sim", "gencomm", ("m1", "m3"), tmp_path)
 
 
 def test_missing_alliance_fails_before_any_command(tmp_path):
     ran = []
     with pytest.raises(FileNotFoundError, match=r"gencomm_m1_m4\.yaml.*m1, m4"):
-        run_benchmark(tmp_path, {"m1": tmp_path, "m4": tmp_path}, "sim", ran.append, "python", [],
-                      types=("m1", "m4"))
+        run_benchmark(tmp_path, {"m1": tmp_path, "m4": tmp_path}, "sim", ran.append, [], types=("m1", "m4"))
     assert ran == []
 
 
 def test_report_names_the_alliance_that_ran(tmp_path):
-    from gencomm.report_hetero import hetero_section
+    from experiments.report_hetero import hetero_section
     ev = {"ap": {"global": {"0.3": 0.8, "0.5": 0.7, "0.7": 0.3}, "per_frame": {"0.3": 0.8, "0.5": 0.7, "0.7": 0.3}},
           "bytes_per_message": 100.0}
-    rows = [{"method": name, "table": "heterogeneous", "eval": ev, "trainable_params": p, "train_wall_s": 1.0,
-             "dynamic": [dict(ev, types=["m1"]), dict(ev, types=["m1", "m3"], onboard_params=p, onboard_gflops=1.0)]}
+    rows = [ResultRow(method=name, table="heterogeneous", eval=ev, trainable_params=p, train_wall_s=1.0,
+                      dynamic=[dict(ev, types=["m1"]),
+                               dict(ev, types=["m1", "m3"], onboard_params=p, onboard_gflops=1.0)])
             for name, p in (("GenComm (m3 onboarded)", 100), ("STAMP (m3 onboarded)", 1000))]
     text = "\n".join(hetero_section(rows, tmp_path))
     assert "## Heterogeneous benchmark: m3 joins m1's alliance" in text
@@ -64,8 +75,8 @@ def test_report_names_the_alliance_that_ran(tmp_path):
 def test_competitor_stage1_differs_from_gencomm_stage1_only_in_the_link(t):
     """The competitors' own stage 1 (the reference's baselines/stage1): same data, schedule, stack
     and fusion op as GenComm's stage 1; full features on the wire."""
-    from gencomm.reproduce import COMPETITOR_STAGE1, STAGE1
-    own, gen = load_experiment(COMPETITOR_STAGE1[t]), load_experiment(STAGE1[t])
+    from experiments.profiles import COMPETITOR_STAGE1, STAGE1
+    own, gen = load_experiment(configs_root() / COMPETITOR_STAGE1[t]), load_experiment(configs_root() / STAGE1[t])
     assert own.model["link"]["type"] == "full_feature" and gen.model["link"]["type"] == "gencomm"
     assert dataclasses.asdict(own.train) == dataclasses.asdict(gen.train)
     assert dataclasses.asdict(own.data) == dataclasses.asdict(gen.data) and own.data.modality == f"all:{t}"
@@ -74,23 +85,23 @@ def test_competitor_stage1_differs_from_gencomm_stage1_only_in_the_link(t):
 
 
 def _fake_tools(log):
-    """Stands in for tools/onboard.py and tools/inference.py --dynamic: records the command and
+    """Stands in for gencomm-onboard and gencomm-infer --dynamic: records the command and
     writes the files the benchmark reads back."""
     import json
     from pathlib import Path
 
     def run(cmd, **resume):
         log.append(cmd)
-        if "tools/onboard.py" in cmd:
-            out = Path(cmd[cmd.index("-o") + 1])
+        if cmd.program == "gencomm-onboard":
+            out = Path(cmd.value("-o"))
             out.mkdir(parents=True, exist_ok=True)
             (out / "onboarding.json").write_text(json.dumps({"trainable_params_total": 1,
                                                              "trainable_params_per_new_type": {"m3": 1},
                                                              "onboarding_wall_time_s": 1.0}))
             return
-        out = Path(cmd[cmd.index("--model_dir") + 1] if "--model_dir" in cmd else cmd[cmd.index("-o") + 1])
+        out = Path(cmd.value("--model_dir") if "--model_dir" in cmd else cmd.value("-o"))
         out.mkdir(parents=True, exist_ok=True)
-        types = cmd[cmd.index("--dynamic") + 1].split(",")
+        types = cmd.value("--dynamic").split(",")
         ev = {"ap": {"global": {"0.5": 0.5}}, "ap_ci": {}, "bytes_per_message": 1.0}
         dyn = [dict(ev, types=types[:k + 1]) for k in range(len(types))]
         (out / "eval_dynamic.json").write_text(json.dumps(dyn))
@@ -102,39 +113,38 @@ def test_competitors_start_from_their_own_stage1_runs(tmp_path):
     gen = {"m1": tmp_path / "gencomm_stage1_m1", "m3": tmp_path / "gencomm_stage1_m3"}
     own = {"m1": tmp_path / "baseline_stage1_m1", "m3": tmp_path / "baseline_stage1_m3"}
     log = []
-    rows = run_benchmark(tmp_path, gen, "sim", _fake_tools(log), "python", [], types=("m1", "m3"),
-                         competitor_stage1=own)
-    onboard = {c[c.index("-y") + 1].split("/")[-1]: c for c in log if "tools/onboard.py" in c}
+    rows = run_benchmark(tmp_path, gen, "sim", _fake_tools(log), [], types=("m1", "m3"), competitor_stage1=own)
+    onboard = {Path(c.value("-y")).name: c for c in log if c.program == "gencomm-onboard"}
     assert len(onboard) == len(METHODS)
     for cfg, cmd in onboard.items():
         start = gen if cfg.startswith("gencomm") else own
-        assert cmd[cmd.index("--ego") + 1] == str(start["m1"]) and cmd[cmd.index("--new") + 1] == str(start["m3"])
-        out = cmd[cmd.index("-o") + 1]
+        assert cmd.value("--ego") == str(start["m1"]) and cmd.value("--new") == str(start["m3"])
+        out = cmd.value("-o")
         assert out.endswith("_m3") if cfg.startswith("gencomm") else out.endswith("_m3_own_stage1")
-    notes = {r["method"]: r["note"] for r in rows}
+    notes = {r.method: r.note for r in rows}
     assert "from full-feature stage-1 runs" in notes["BackAlign (m3 onboarded)"]
     assert "from GenComm's stage-1 runs" in notes["GenComm (m3 onboarded)"]
-    origin = {r["method"]: r.get("stage1") for r in rows}
+    origin = {r.method: r.stage1 for r in rows}
     assert origin["BackAlign (m3 onboarded)"] == "full_feature" and origin["GenComm (m3 onboarded)"] == "gencomm"
 
 
 def test_competitor_stage1_must_cover_the_alliance(tmp_path):
     log = []
     with pytest.raises(ValueError, match="competitor stage-1 runs for"):
-        run_benchmark(tmp_path, {"m1": tmp_path, "m3": tmp_path}, "sim", _fake_tools(log), "python", [],
+        run_benchmark(tmp_path, {"m1": tmp_path, "m3": tmp_path}, "sim", _fake_tools(log), [],
                       types=("m1", "m3"), competitor_stage1={"m1": tmp_path})
     assert log == []
 
 
 def test_report_says_which_stage1_the_competitors_started_from(tmp_path):
-    from gencomm.report_hetero import hetero_section
+    from experiments.report_hetero import hetero_section
     ev = {"ap": {"global": {"0.3": 0.8, "0.5": 0.7, "0.7": 0.3}, "per_frame": {"0.3": 0.8, "0.5": 0.7, "0.7": 0.3}},
           "bytes_per_message": 100.0}
 
     def rows(origin):
-        return [{"method": name, "table": "heterogeneous", "eval": ev, "trainable_params": 1, "train_wall_s": 1.0,
-                 "stage1": o,
-                 "dynamic": [dict(ev, types=["m1"]), dict(ev, types=["m1", "m3"], onboard_params=1, onboard_gflops=1.0)]}
+        return [ResultRow(method=name, table="heterogeneous", eval=ev, trainable_params=1, train_wall_s=1.0, stage1=o,
+                          dynamic=[dict(ev, types=["m1"]), dict(ev, types=["m1", "m3"], onboard_params=1,
+                                                                onboard_gflops=1.0)])
                 for name, o in (("GenComm (m3 onboarded)", "gencomm"), ("STAMP (m3 onboarded)", origin))]
     assert "the other methods start from homogeneous full-feature" in "\n".join(
         hetero_section(rows("full_feature"), tmp_path))
@@ -145,11 +155,12 @@ def test_report_says_which_stage1_the_competitors_started_from(tmp_path):
 def test_evaluations_read_the_separate_test_set_and_onboarding_does_not(tmp_path):
     gen = {"m1": tmp_path / "gencomm_stage1_m1", "m3": tmp_path / "gencomm_stage1_m3"}
     log = []
-    run_benchmark(tmp_path, gen, "sim", _fake_tools(log), "python", ["data.root=/d"], types=("m1", "m3"),
+    run_benchmark(tmp_path, gen, "sim", _fake_tools(log), ["data.root=/d"], types=("m1", "m3"),
                   eval_overrides=["data.root=/d_test"])
-    onboard = [c for c in log if "tools/onboard.py" in c]
-    infer = [c for c in log if "tools/inference.py" in c]
+    onboard = [c for c in log if c.program == "gencomm-onboard"]
+    infer = [c for c in log if c.program == "gencomm-infer"]
     assert len(onboard) == len(METHODS) and len(infer) == len(METHODS) + 2  # + late and no fusion of stage 1
     assert all("data.root=/d" in c and "data.root=/d_test" not in c for c in onboard)
     # the test set's root comes after the dataset's, so it wins (a later --set overrides an earlier one)
-    assert all([a for a in c if a.startswith("data.root=")] == ["data.root=/d", "data.root=/d_test"] for c in infer)
+    assert all([a for a in c.argv if a.startswith("data.root=")] == ["data.root=/d", "data.root=/d_test"]
+               for c in infer)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from gencomm.report import write_report
+from experiments.report import write_report
+from experiments.results import Results
 from opencood_ext.cli.compare import main as compare_main, parse_spec
 from opencood_ext.comm.messages import Delivery, Messages
 from opencood_ext.data.augment import AugmentConfig
@@ -106,10 +107,10 @@ def test_compare_runs_pairs_the_same_frames(evaluated, capsys):
 
 
 def _report_results(rows):
-    return {"profile": "quick", "seed": 0, "data": "d", "rows": rows, "total_wall_s": 60,
+    return Results.from_dict({"profile": "quick", "seed": 0, "data": "d", "rows": rows, "total_wall_s": 60,
             "onboarding": {"trainable_params_per_new_type": {"m3": 1}, "frozen_params": 1,
                            "frozen_batchnorm_layers": 0, "onboarding_wall_time_s": 1},
-            "stage1_wall_s": {"m1": 1}}
+            "stage1_wall_s": {"m1": 1}})
 
 
 def test_report_shows_intervals_and_paired_differences_vs_gencomm(evaluated, tmp_path):

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from gencomm.report import write_report
+from experiments.report import write_report
+from experiments.results import Results
 from opencood_ext.data.augment import AugmentConfig
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
 from opencood_ext.eval.evaluate import evaluate
@@ -77,7 +78,7 @@ def test_pr_curves_written_next_to_the_eval_json_and_in_the_report(tmp_path):
                "stage1_wall_s": {"m1": 1}}
     report_dir = tmp_path / "report"
     report_dir.mkdir()
-    report = write_report(results, report_dir).read_text()
+    report = write_report(Results.from_dict(results), report_dir).read_text()
     assert "![PR curves](pr_curves.png)" in report
     assert (report_dir / "pr_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "[Known detections](../pr_known.png)" in report and "Old row without curves](" not in report

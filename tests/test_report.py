@@ -1,5 +1,6 @@
-"""REPORT.md from a results dict: every row, the paired 'collaborators off' column, the plot."""
-from gencomm.report import write_report
+"""REPORT.md from a results.json: every row, the paired 'collaborators off' column, the plot."""
+from experiments.report import write_report
+from experiments.results import ResultRow, Results
 
 
 def _eval(ap5, nbytes):
@@ -29,7 +30,7 @@ def test_report_lists_rows_and_ego_only_column(tmp_path):
                "onboarding": {"trainable_params_per_new_type": {"m3": 103156}, "frozen_params": 5,
                               "frozen_batchnorm_layers": 2, "onboarding_wall_time_s": 5},
                "stage1_wall_s": {"m1": 50, "m3": 60}}
-    report = write_report(results, tmp_path).read_text()
+    report = write_report(Results.from_dict(results), tmp_path).read_text()
     lines = [ln for ln in report.splitlines() if ln.startswith("| GenComm")]
     assert len(lines) == 3  # the comparison table, the visibility table, the box-precision table
     cells = [c.strip() for c in lines[0].strip("|").split("|")]
@@ -46,7 +47,8 @@ def test_report_lists_rows_and_ego_only_column(tmp_path):
     assert (tmp_path / "ap_vs_bytes.png").stat().st_size > 1000
     assert "AP on the dataset's test split." in report  # results.json without test_data: an older run
     results["test_data"] = "data/sim_test"
-    assert "AP on the separate test set `data/sim_test`" in write_report(results, tmp_path).read_text()
+    report = write_report(Results.from_dict(results), tmp_path).read_text()
+    assert "AP on the separate test set `data/sim_test`" in report
 
 
 def _hetero_row(name, ap5, params, nbytes):
@@ -59,7 +61,7 @@ def _hetero_row(name, ap5, params, nbytes):
 
 def test_report_heterogeneous_section_seed_spread_and_step_times(tmp_path):
     from test_seeds import HITS, _rows
-    from gencomm.seeds import archive_seed
+    from experiments.seeds import archive_seed
     main = {"method": "No fusion", "table": "main", "eval": _eval(0.5, 0), "train_wall_s": 1, "trainable_params": 1,
             "note": ""}
     hetero = [_hetero_row("GenComm", 0.6, 309468, 25804), _hetero_row("STAMP", 0.55, 756096, 3277004)]
@@ -70,13 +72,13 @@ def test_report_heterogeneous_section_seed_spread_and_step_times(tmp_path):
                               "frozen_batchnorm_layers": 0, "onboarding_wall_time_s": 1},
                "stage1_wall_s": {"m1": 1}, "seed_archives": archives,
                "steps": [{"step": "simulate", "seconds": 60}, {"step": "train m1_none", "seconds": 540}]}
-    report = write_report(results, tmp_path).read_text()
+    report = write_report(Results.from_dict(results), tmp_path).read_text()
     main_table = report.split("## Heterogeneous")[0]
     assert "STAMP" not in main_table  # the main table holds the main rows only
     assert "| method | {m1} | +m2 | +m3 | +m4 |" in report
     assert "| GenComm (m2, m3, m4 onboarded) | 0.600 / 0.300 | 0.610 / 0.305 | 0.620 / 0.310 | 0.630 / 0.315 |" in report
     assert "| 756,096 | m2 252,032, m3 252,032, m4 252,032 | m2 1.50, m3 1.50, m4 1.50 | 42 s |" in report
-    assert "## Run-to-run spread over training seeds" in report  # gencomm.seeds' section (tests/test_seeds.py)
+    assert "## Run-to-run spread over training seeds" in report  # experiments.seeds' section (tests/test_seeds.py)
     assert "| No fusion | 0.450 ± 0.071 | 0.450 ± 0.071 | 0.450 ± 0.071 | 0.500, 0.400 |" in report
     assert "| train m1_none | 9.0 |" in report and "| **total** | **10.0** |" in report
     assert "From scratch" not in report  # older results do not say whether they were
@@ -86,8 +88,8 @@ def test_report_heterogeneous_section_seed_spread_and_step_times(tmp_path):
 def test_from_scratch_is_what_an_invocation_found(tmp_path):
     """results.json's from_scratch: nothing to reuse (dataset, separate test set, run folders) at the start;
     the steps section says which, so a total with skipped steps is never read as the whole cost."""
-    from gencomm.reproduce import found_finished
-    from gencomm.report import steps_section
+    from experiments.pipeline import found_finished
+    from experiments.report import steps_section
     out, data = tmp_path / "results", tmp_path / "data" / "sim"
     assert found_finished(out, data) == []
     (out / "runs").mkdir(parents=True)  # an empty folder holds nothing to reuse
@@ -96,10 +98,12 @@ def test_from_scratch_is_what_an_invocation_found(tmp_path):
     (tmp_path / "data" / "sim_test" / "test").mkdir()
     (out / "runs" / "m1_none").mkdir()
     assert found_finished(out, data) == [str(tmp_path / "data" / "sim_test"), str(out / "runs")]
-    base = {"steps": [{"step": "simulate", "seconds": 60}], "total_wall_s": 60}
-    assert "From scratch: nothing existed" in "\n".join(steps_section({**base, "from_scratch": True,
-                                                                       "found_finished": []}))
-    text = "\n".join(steps_section({**base, "from_scratch": False, "found_finished": [str(out / "runs")]}))
+    base = {"steps": [{"step": "simulate", "seconds": 60}], "total_wall_s": 60, "profile": "quick", "seed": 0,
+            "data": "d", "rows": [], "onboarding": {}, "stage1_wall_s": {}}
+    assert "From scratch: nothing existed" in "\n".join(steps_section(Results.from_dict(
+        {**base, "from_scratch": True, "found_finished": []})))
+    text = "\n".join(steps_section(Results.from_dict({**base, "from_scratch": False,
+                                                      "found_finished": [str(out / "runs")]})))
     assert f"Not from scratch: this invocation found `{out / 'runs'}`" in text
 
 
@@ -107,7 +111,7 @@ def test_report_says_what_each_new_type_adds_paired_on_the_same_run(tmp_path):
     """The increment of +m2 is the same run's {m1, m2} evaluation minus its {m1} one on the same frames:
     a closed form (every scene hit vs none: +1, interval [+1, +1], significant; equal records: 0, not)."""
     from test_seeds import SCENES, _records
-    from gencomm.report_hetero import increments_section
+    from experiments.report_hetero import increments_section
     helps, idle, alone = (tmp_path / name for name in ("helps", "idle", "alone"))
     for run, before, after in ((helps, set(), set(range(SCENES))), (idle, {1, 2}, {1, 2})):
         run.mkdir()
@@ -115,8 +119,8 @@ def test_report_says_what_each_new_type_adds_paired_on_the_same_run(tmp_path):
         _records(after).save(run / "eval_dyn_m1+m2_frames.npz")
     alone.mkdir()
     _records({1}).save(alone / "eval_dyn_m1_frames.npz")  # no fusion: one evaluation for every alliance
-    rows = [{"method": name, "run": str(run), "eval": {"bootstrap": {"resamples": 200, "seed": 1}}}
-            for name, run in (("GenComm", helps), ("STAMP", idle), ("No fusion", alone))]
+    rows = [ResultRow(method=name, run=str(run), eval={"bootstrap": {"resamples": 200, "seed": 1}}, train_wall_s=0,
+                      trainable_params=0) for name, run in (("GenComm", helps), ("STAMP", idle), ("No fusion", alone))]
     text = "\n".join(increments_section(rows, ["m1", "m2"]))
     assert "| method | +m2 |" in text
     assert "| GenComm | **+1.000 [+1.00, +1.00]** / **+1.000 [+1.00, +1.00]** |" in text
@@ -126,7 +130,7 @@ def test_report_says_what_each_new_type_adds_paired_on_the_same_run(tmp_path):
 
 def test_increment_of_alliances_on_different_frames_says_so(tmp_path):
     from test_seeds import _records
-    from gencomm.report_hetero import increments_section
+    from experiments.report_hetero import increments_section
     from opencood_ext.eval.bootstrap import FrameRecords
     run = tmp_path / "run"
     run.mkdir()
@@ -135,5 +139,6 @@ def test_increment_of_alliances_on_different_frames_says_so(tmp_path):
     keep = full.offsets[:3]  # the first two frames only
     FrameRecords(full.thresholds, full.scores[:keep[-1]], full.tp[:, :keep[-1]], keep, full.num_gt[:2],
                  full.scenes[:2], full.frames[:2]).save(run / "eval_dyn_m1+m2_frames.npz")
-    text = "\n".join(increments_section([{"method": "GenComm", "run": str(run), "eval": {}}], ["m1", "m2"]))
+    row = ResultRow(method="GenComm", run=str(run), eval={}, train_wall_s=0, trainable_params=0)
+    text = "\n".join(increments_section([row], ["m1", "m2"]))
     assert "| GenComm | not paired: " in text

@@ -1,4 +1,4 @@
-"""Seed archives of the main table (gencomm.seeds) and the pooled paired difference behind them:
+"""Seed archives of the main table (experiments.seeds) and the pooled paired difference behind them:
 a closed-form pooled interval, archive round trip, the spread and verdicts, and errors that name
 the file and the field."""
 import dataclasses
@@ -10,7 +10,8 @@ import shutil
 import numpy as np
 import pytest
 
-from gencomm.seeds import archive_seed, load_archive, load_archives, main, seed_section, spread_json
+from experiments.results import ResultRow
+from experiments.seeds import archive_seed, load_archive, load_archives, main, seed_section, spread_json
 from opencood_ext.eval.bootstrap import FrameRecords, paired_difference, pooled_paired_difference
 
 SCENES, FRAMES = 10, 2
@@ -69,7 +70,12 @@ def _reorder(rec, idx):
 
 
 def _rows(tmp, seed, hits):
-    """Main-table rows as results.json holds them, each evaluation's frames file written to ``tmp``."""
+    """Main-table rows as the main job produces them, each evaluation's frames file written to ``tmp``."""
+    return [ResultRow.from_dict(d) for d in _row_dicts(tmp, seed, hits)]
+
+
+def _row_dicts(tmp, seed, hits):
+    """The rows as results.json holds them."""
     rows = []
     for method, (on, off) in hits.items():
         entry = {"method": method, "table": "main", "trainable_params": 7, "train_wall_s": 1.0}
@@ -82,7 +88,8 @@ def _rows(tmp, seed, hits):
         if method == "No fusion":
             entry["ego_only"] = entry["eval"]  # as the main job records it: one evaluation
         rows.append(entry)
-    return rows + [{"method": "BackAlign (m3 onboarded)", "table": "heterogeneous"}]  # not archived
+    return rows + [{"method": "BackAlign (m3 onboarded)", "table": "heterogeneous", "eval": {}, "train_wall_s": 0,
+                    "trainable_params": 0}]  # not archived
 
 
 HITS = {0: {"No fusion": (5, 5), "Late fusion": (10, 4), "GenComm (m3 onboarded)": (7, 5)},
@@ -100,7 +107,7 @@ def _archives(tmp_path, seeds=(0, 1, 2), meta=None):
 def test_archive_round_trip_and_spread(tmp_path):
     folders = _archives(tmp_path)
     a = load_archive(folders[1])
-    assert a.seed == 1 and [r["method"] for r in a.rows] == ["No fusion", "Late fusion", "GenComm (m3 onboarded)"]
+    assert a.seed == 1 and [r.method for r in a.rows] == ["No fusion", "Late fusion", "GenComm (m3 onboarded)"]
     assert a.meta["profile"] == "default" and a.meta["data_seed"] == 0
     assert a.records(a.row("Late fusion")).num_frames == SCENES * FRAMES
     # the archive holds copies: deleting the run's files does not lose it
@@ -111,7 +118,7 @@ def test_archive_round_trip_and_spread(tmp_path):
     assert list(late["seeds"]) == ["0", "1", "2"]
     assert late["0.5"]["mean"] == pytest.approx((1.0 + 1.0 + 0.9) / 3)
     assert late["0.5"]["std"] == pytest.approx(np.std([1.0, 1.0, 0.9], ddof=1))
-    assert a.row("No fusion")["ego_only"]["frames"] == "row0.npz"  # one evaluation, stored once
+    assert a.row("No fusion").ego_only.frames == "row0.npz"  # one evaluation, stored once
 
 
 def test_seed_section_verdicts(tmp_path):
@@ -146,7 +153,7 @@ def test_archives_of_different_experiments_are_refused(tmp_path):
     doc = json.loads(bad.read_text())
     del doc["rows"][1]["ego_only"]
     bad.write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match=r"seed0/rows.json: rows\[1\] has no field 'ego_only'"):
+    with pytest.raises(ValueError, match=r"seed0/rows.json: missing field rows\[1\]\.ego_only"):
         load_archive(folders[0])
     with pytest.raises(FileNotFoundError, match="no seed archive"):
         load_archive(tmp_path)
@@ -154,7 +161,7 @@ def test_archives_of_different_experiments_are_refused(tmp_path):
 
 def test_archiving_a_row_without_records_fails_and_leaves_nothing(tmp_path):
     rows = _rows(tmp_path, 0, HITS[0])
-    rows[1]["ego_only"]["frames_file"] = str(tmp_path / "gone.npz")
+    rows[1].ego_only["frames_file"] = str(tmp_path / "gone.npz")
     with pytest.raises(FileNotFoundError, match="'Late fusion': ego_only.frames_file"):
         archive_seed(rows, 0, tmp_path / "seeds")
     assert not (tmp_path / "seeds" / "seed0").exists() and not (tmp_path / "seeds" / "seed0.tmp").exists()
@@ -162,7 +169,8 @@ def test_archiving_a_row_without_records_fails_and_leaves_nothing(tmp_path):
 
 def test_cli_archive_then_report(tmp_path, capsys):
     for s in (0, 1):
-        res = {"profile": "default", "seed": 0, "training_seeds": [s], "rows": _rows(tmp_path, s, HITS[s])}
+        res = {"profile": "default", "seed": 0, "training_seeds": [s], "rows": _row_dicts(tmp_path, s, HITS[s]),
+               "data": "d", "onboarding": {}, "stage1_wall_s": {}, "total_wall_s": 1.0}
         (tmp_path / f"results{s}.json").write_text(json.dumps(res))
         assert main(["archive", str(tmp_path / f"results{s}.json"), "-o", str(tmp_path / "arch")]) == 0
     assert main(["report", str(tmp_path / "arch" / "seed0"), str(tmp_path / "arch" / "seed1"),
@@ -178,10 +186,19 @@ def test_cli_archive_then_report(tmp_path, capsys):
     assert json.loads((tmp_path / "spread.json").read_text())[0]["method"] == "No fusion"
     capsys.readouterr()
     assert main(["report", str(tmp_path)]) == 2  # exit 2 and one line, as every other tool
-    assert re.fullmatch(r"error: seed_report: .*no seed archive here.*\n", capsys.readouterr().err)
+    assert re.fullmatch(r"error: gencomm-seed-report: .*no seed archive here.*\n", capsys.readouterr().err)
     (tmp_path / "bad.json").write_text(json.dumps({"rows": []}))
     assert main(["archive", str(tmp_path / "bad.json"), "-o", str(tmp_path / "arch")]) == 2
-    assert "missing field 'training_seeds'" in capsys.readouterr().err
+    assert "bad.json: missing field profile" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text(json.dumps({**res, "rows": [{"method": 3}]}))
+    assert main(["archive", str(tmp_path / "bad.json"), "-o", str(tmp_path / "arch")]) == 2
+    assert capsys.readouterr().err == "error: gencomm-seed-report: " + str(tmp_path / "bad.json") + \
+        ": missing field rows[0].eval\n"
+    bad = tmp_path / "arch" / "seed0" / "row1.npz"
+    bad.write_bytes(bad.read_bytes()[:50])  # a truncated archive file: still one line and exit 2
+    assert main(["report", str(tmp_path / "arch" / "seed0"), str(tmp_path / "arch" / "seed1")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: gencomm-seed-report: ") and err.count("\n") == 1
     (tmp_path / "cut.json").write_text('{"rows": [')
     assert main(["archive", str(tmp_path / "cut.json"), "-o", str(tmp_path / "arch")]) == 2
     err = capsys.readouterr().err
@@ -189,7 +206,7 @@ def test_cli_archive_then_report(tmp_path, capsys):
 
 
 def test_main_job_spread_covers_earlier_invocations_of_the_same_experiment(tmp_path):
-    from gencomm.reproduce import seed_archives
+    from experiments.reproduce import seed_archives
     _archives(tmp_path, seeds=(0, 2))
     archive_seed(_rows(tmp_path, 1, HITS[1]), 1, tmp_path / "seeds", {"profile": "quick", "data_seed": 0})
     assert [p.name for p in seed_archives(tmp_path, "default", 0)] == ["seed0", "seed2"]
@@ -199,14 +216,15 @@ def test_main_job_spread_covers_earlier_invocations_of_the_same_experiment(tmp_p
 def test_main_job_spread_leaves_out_archives_of_another_test_split(tmp_path):
     """A seed evaluated on an earlier test split (e.g. before the separate test set) stays out of the spread
     instead of failing the invocation at its end."""
-    from gencomm.reproduce import seed_archives
+    from experiments.reproduce import seed_archives
     _archives(tmp_path, seeds=(0, 2))
     rows = _rows(tmp_path, 1, HITS[1])
     for r in rows[:-1]:  # the same rows on a renamed test split
         for key in ("eval", "ego_only"):
-            rec = FrameRecords.load(r[key]["frames_file"])
+            ev = getattr(r, key)
+            rec = FrameRecords.load(ev["frames_file"])
             rec = dataclasses.replace(rec, frames=np.array([f"other/{f}" for f in rec.frames]))
-            r[key]["frames_file"] = str(rec.save(tmp_path / f"other_{r['method'][:4]}_{key}.npz"))
+            ev["frames_file"] = str(rec.save(tmp_path / f"other_{r.method[:4]}_{key}.npz"))
     archive_seed(rows, 1, tmp_path / "seeds", {"profile": "default", "data_seed": 0})
     seeds = tmp_path / "seeds"
     assert [p.name for p in seed_archives(tmp_path, "default", 0, like=seeds / "seed2")] == ["seed0", "seed2"]
@@ -216,21 +234,23 @@ def test_main_job_spread_leaves_out_archives_of_another_test_split(tmp_path):
 
 
 def test_separate_test_set_is_simulated_from_scenes_the_dataset_never_draws(tmp_path, monkeypatch):
-    from gencomm import reproduce
+    from experiments import pipeline, steps
+    from experiments.profiles import PROFILES
     from opencood_ext.sim.recorder import scenario_seed
     ran = []
-    monkeypatch.setattr(reproduce, "_run", ran.append)
-    lidar_pair = reproduce.dataclasses.replace(reproduce.PROFILES["default"], benchmark_types=("m1", "m3"))
-    root = reproduce.simulate_test_set(tmp_path / "sim", lidar_pair, seed=3)
+    monkeypatch.setattr(steps, "call", ran.append)
+    lidar_pair = dataclasses.replace(PROFILES["default"], benchmark_types=("m1", "m3"))
+    root = pipeline.simulate_test_set(tmp_path / "sim", lidar_pair, seed=3)
     assert root == tmp_path / "sim_test"
     cmd = ran[-1]
-    arg = lambda k: cmd[cmd.index(k) + 1]  # noqa: E731
+    arg = cmd.value
+    assert cmd.program == "gencomm-sim"
     assert (arg("-o"), arg("--scenarios"), arg("--frames")) == (str(root), "230", "1")
-    assert cmd[cmd.index("--split-ratio") + 1:][:3] == ["0", "0", "1"] and "--no-cameras" in cmd
+    assert list(cmd.argv[cmd.argv.index("--split_ratio") + 1:][:3]) == ["0", "0", "1"] and "--no_cameras" in cmd
     test_seed = int(arg("--seed"))
     dataset = {scenario_seed(3, k) for k in range(lidar_pair.scenarios)}
     assert not dataset & {scenario_seed(test_seed, k) for k in range(230)}
-    reproduce.simulate_test_set(tmp_path / "sim", reproduce.PROFILES["default"], seed=3)  # four types: cameras
-    assert "--no-cameras" not in ran[-1] and ran[-1][ran[-1].index("--camera-size") + 1] == "400x300"
-    no_split = reproduce.dataclasses.replace(lidar_pair, test_scenes=0)
-    assert reproduce.simulate_test_set(tmp_path / "sim", no_split, seed=3) is None and len(ran) == 2
+    pipeline.simulate_test_set(tmp_path / "sim", PROFILES["default"], seed=3)  # four types: cameras
+    assert "--no_cameras" not in ran[-1] and ran[-1].value("--camera_size") == "400x300"
+    no_split = dataclasses.replace(lidar_pair, test_scenes=0)
+    assert pipeline.simulate_test_set(tmp_path / "sim", no_split, seed=3) is None and len(ran) == 2

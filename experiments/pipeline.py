@@ -1,0 +1,174 @@
+"""The main job's steps for one training seed (:func:`one_seed`) and the step functions it is made
+of: simulate, train, evaluate (resumable through a stamp), the robustness sweep. Each step is a
+command-line program run in-process (:mod:`experiments.steps`); configs are found under the
+configs root the job is given."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from opencood_ext.runs import run_files
+from opencood_ext.training.runlog import training_wall_time
+
+from .profiles import BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE2, TEST_SEED_OFFSET, Profile
+from .results import ResultRow, StepTime
+from .steps import Command, run_step, sets
+
+
+def found_finished(out: Path, data: Path) -> List[str]:
+    """What an invocation could reuse instead of computing it: the dataset, the separate test set and
+    the run folders, where they already exist. Empty: the invocation runs from scratch, so its
+    ``total_wall_s`` is the main job's whole cost."""
+    places = [data, test_set_root(data), out / "runs"]
+    return [str(p) for p in places if p.exists() and (not p.is_dir() or any(p.iterdir()))]
+
+
+def simulate(data: Path, profile: Profile, seed: int) -> None:
+    """Write the dataset; the simulator skips finished scenarios, so a present dataset costs nothing."""
+    w, h = profile.camera_size
+    run_step(Command("gencomm-sim", ["-o", data, "--scenarios", profile.scenarios, "--frames", profile.frames,
+                                     "--seed", seed, "--split_ratio", *profile.split, "--camera_size", f"{w}x{h}"]))
+
+
+def test_set_root(data: Path) -> Path:
+    """Where the separate test set of dataset ``data`` goes: ``<data>_test`` beside it (its only split is test)."""
+    return data.with_name(data.name + "_test")
+
+
+def simulate_test_set(data: Path, profile: Profile, seed: int) -> Optional[Path]:
+    """Write the separate test set (``profile.test_scenes`` scenes, all in the test split; camera images
+    only when the benchmark has a camera type); None when the profile tests on the dataset's own split."""
+    if profile.test_scenes <= 0:
+        return None
+    root = test_set_root(data)
+    cameras = profile.benchmark and any(t in CAMERA_TYPES for t in profile.benchmark_types)
+    w, h = profile.camera_size
+    run_step(Command("gencomm-sim", ["-o", root, "--scenarios", profile.test_scenes, "--frames", profile.test_frames,
+                                     "--seed", seed + TEST_SEED_OFFSET, "--split_ratio", "0", "0", "1",
+                                     *(["--camera_size", f"{w}x{h}"] if cameras else ["--no_cameras"])]))
+    return root
+
+
+def train(config: Path, run: Path, data: Path, profile: Profile) -> float:
+    """Train (or resume, or skip when done); returns the run's training wall time (s)."""
+    run_step(Command("gencomm-train", ["-y", config, "--model_dir", run,
+                                       *sets([f"data.root={data}", *profile.overrides])]))
+    return training_wall_time(run)
+
+
+def evaluate_run(run: Path, fusion: str, profile: Profile) -> dict:
+    """Evaluate ``run`` with ``fusion`` (skipped when a resumed job finds it done, see :func:`run_step`)."""
+    name = f"eval_{'none' if fusion == 'no' else fusion}"
+    run_step(Command("gencomm-infer", ["--model_dir", run, "--fusion_method", fusion, *sets(profile.overrides)]),
+             stamp=run / f"{name}.inputs.json", reads=run_files(run), makes=[run / f"{name}.json"])
+    return json.loads((run / f"{name}.json").read_text())
+
+
+def ego_only(run: Path, fusion: str, res: dict, profile: Profile) -> dict:
+    """The same weights with the collaborators switched off (fusion 'none'): a paired measure of
+    what cooperation adds that training noise between runs cannot blur."""
+    return res if fusion == "none" else evaluate_run(run, "none", profile)
+
+
+def robustness_sweep(rows: Sequence[ResultRow], out: Path, profile: Profile, seed: int) -> Path:
+    """Every method row's run, as evaluated in the table, under pose noise, latency and message loss on
+    the same seeded channel (``gencomm-robustness``; reuses the evaluations already in the run
+    folders); -> ``out/robustness.json``."""
+    argv = ["--sweep", "all", "-o", str(out), "--channel_seed", str(seed)]
+    for r in rows:
+        argv += ["--runs", f"{r.method}={r.run}:{r.eval['fusion']}"]
+    for effect, levels in profile.robustness.items():
+        argv += [f"--{effect}", levels]
+    run_step(Command("gencomm-robustness", argv + sets(profile.overrides)))
+    return out / "robustness.json"
+
+
+def count_trainable(run: Path) -> int:
+    """Parameters a run trained: an onboarding run's from its onboarding.json; a run of
+    gencomm-train trains every parameter of its model."""
+    report = run / "onboarding.json"
+    if report.is_file():
+        return int(json.loads(report.read_text())["trainable_params_total"])
+    from opencood_ext.experiment import build_model, load_experiment
+    model = build_model(load_experiment(run / "config.yaml"))
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class Steps:
+    """Wall time of each step of this invocation (a step a rerun finds done takes seconds)."""
+
+    def __init__(self):
+        self.rows: List[StepTime] = []
+
+    def run(self, name: str, fn, *args, **kw):
+        t0 = time.time()
+        result = fn(*args, **kw)
+        self.rows.append(StepTime(name, time.time() - t0))
+        return result
+
+
+@dataclasses.dataclass
+class SeedResult:
+    """One training seed's rows, the main table's GenComm onboarding.json and the GenComm stage-1
+    training seconds per type."""
+
+    rows: List[ResultRow]
+    onboarding: dict
+    stage1_wall_s: Dict[str, float]
+
+
+def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, steps: Steps, configs: Path,
+             robustness: bool, test_root: Optional[Path] = None) -> SeedResult:
+    """Train and evaluate every row for one training seed into ``runs``, configs from ``configs``;
+    evaluations read the test split of ``test_root`` when given (the separate test set), else of ``data``."""
+    if seed != 0:  # the configs' own seed is 0
+        profile = dataclasses.replace(profile, overrides=[*profile.overrides, f"train.seed={seed}"])
+    eval_sets = [] if test_root is None else [f"data.root={test_root}"]
+    evaluation = dataclasses.replace(profile, overrides=[*profile.overrides, *eval_sets])  # what evaluations get
+    rows: List[ResultRow] = []
+    for method, config, fusion in BASELINES:
+        run = runs / Path(config).stem
+        wall = steps.run(f"train {run.name}", train, configs / config, run, data, profile)
+        res = steps.run(f"evaluate {run.name}", evaluate_run, run, fusion, evaluation)
+        solo = steps.run(f"evaluate {run.name}, collaborators off", ego_only, run, fusion, res, evaluation)
+        rows.append(ResultRow(method=method, run=str(run), eval=res, train_wall_s=wall,
+                              trainable_params=count_trainable(run), note="retrained end to end", ego_only=solo))
+    stage1: Dict[str, Path] = {}
+    wall1: Dict[str, float] = {}
+    for t, config in STAGE1.items():
+        if t not in ("m1", "m3") and not (profile.benchmark and t in profile.benchmark_types):
+            continue  # the camera types serve the heterogeneous benchmark only
+        stage1[t] = runs / Path(config).stem
+        wall1[t] = steps.run(f"train {stage1[t].name}", train, configs / config, stage1[t], data, profile)
+    onboard_run = runs / "onboard_gencomm_m3"  # the benchmark's GenComm run when it onboards m3 alone
+    argv = ["-y", configs / STAGE2, "--ego", stage1["m1"], "--new", stage1["m3"], "-o", onboard_run,
+            *sets([f"data.root={data}", *profile.overrides])]
+    if profile.onboard_epochs is not None:
+        argv += ["--epochs", str(profile.onboard_epochs)]
+    steps.run("onboard m3 (GenComm)", run_step, Command("gencomm-onboard", argv))
+    onboarding = json.loads((onboard_run / "onboarding.json").read_text())
+    res = steps.run("evaluate onboard_gencomm_m3", evaluate_run, onboard_run, "intermediate", evaluation)
+    rows.append(ResultRow(method="GenComm (m3 onboarded)", run=str(onboard_run), eval=res,
+                          ego_only=ego_only(onboard_run, "intermediate", res, evaluation),
+                          train_wall_s=onboarding["onboarding_wall_time_s"],
+                          trainable_params=onboarding["trainable_params_total"],
+                          note=f"stage 2 only; stage 1: m1 {wall1['m1']:.0f} s, m3 {wall1['m3']:.0f} s"))
+    if robustness:
+        steps.run("robustness sweep", robustness_sweep, rows, out / "robustness", evaluation, seed)
+    if profile.benchmark:
+        from .benchmark import run_benchmark
+        competitor = None
+        if profile.competitor_stage1 == "own":
+            competitor = {}
+            for t in profile.benchmark_types:
+                run = runs / Path(COMPETITOR_STAGE1[t]).stem
+                steps.run(f"train {run.name}", train, configs / COMPETITOR_STAGE1[t], run, data, profile)
+                competitor[t] = run
+        rows += steps.run("heterogeneous benchmark", run_benchmark, runs, stage1, profile.family, run_step,
+                          [f"data.root={data}", *profile.overrides], onboard_epochs=profile.onboard_epochs,
+                          types=profile.benchmark_types, competitor_stage1=competitor, eval_overrides=eval_sets,
+                          configs=configs)
+    return SeedResult(rows, onboarding, wall1)

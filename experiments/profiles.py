@@ -1,0 +1,70 @@
+"""The main job's profiles (dataset size, training budget) and the configs each row trains.
+
+Config names are relative to the configs root the job is given (``--configs``, default the
+shipped configs, :func:`opencood_ext.config_files.configs_root`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+
+@dataclass
+class Profile:
+    """Dataset size and training budget of one reproduction run.
+
+    split: train / validate / test shares of the scenarios; camera_size: (W, H) the simulator
+    renders (the camera types resize it anyway); family: the config folder of the benchmark's
+    stage-2 configs; benchmark: run the heterogeneous benchmark (step 6); competitor_stage1:
+    which stage-1 runs the benchmark's competitors start from (:mod:`experiments.benchmark`).
+
+    test_scenes: > 0 evaluates every row on a separate test set of that many scenes of
+    ``test_frames`` frames each (:func:`experiments.pipeline.test_set_root`), not on the dataset's own
+    test split. Frames of one scene are nearly redundant, so many one-frame scenes narrow a
+    scene-bootstrap interval far more than the same number of frames in few scenes (docs/statistics.md)."""
+
+    scenarios: int
+    frames: int
+    split: Tuple[float, float, float] = (0.6, 0.2, 0.2)
+    camera_size: Tuple[int, int] = (400, 300)
+    overrides: List[str] = field(default_factory=list)
+    onboard_epochs: Optional[int] = None
+    robustness: Dict[str, str] = field(default_factory=dict)  # sweep levels per effect; {}: the defaults
+    family: str = "sim"
+    benchmark: bool = True
+    seeds: Tuple[int, ...] = (0,)
+    benchmark_types: Tuple[str, ...] = ("m1", "m2", "m3", "m4")  # the benchmark's alliance, joining order
+    competitor_stage1: str = "own"  # "own": full-feature stage-1 runs (the reference's); "gencomm": GenComm's
+    test_scenes: int = 0
+    test_frames: int = 1
+
+
+PROFILES = {
+    # many short scenarios: 24 train / 8 validate scenes (16 test scenes the tables no longer use); frames of
+    # one scene are 0.1 s apart and nearly identical, so scene count, not frame count, is what narrows the
+    # test AP's interval: 230 one-frame test scenes give AP@0.5 half-widths of about 0.03 (README)
+    "default": Profile(scenarios=48, frames=6, split=(0.5, 0.1667, 0.3333), test_scenes=230),
+    "quick": Profile(scenarios=4, frames=3, camera_size=(160, 120), onboard_epochs=1, test_scenes=2, overrides=[
+        "train.epochs=1", "train.max_steps_per_epoch=2", "train.max_val_batches=1", "train.num_workers=0",
+        "eval.max_frames=3", "eval.plot_every=1"],
+        robustness={"noise": "0,0.6", "latency": "0,3", "drop": "0,1"}),  # no level and the largest
+    # one GPU: more and longer scenes, every method, three training seeds (each run's own configs' epochs)
+    # (sized from the H200 step times of an earlier session; not yet timed end to end on a GPU)
+    "paper": Profile(scenarios=80, frames=6, split=(0.5, 0.1667, 0.3333), test_scenes=400,
+                     overrides=["train.num_workers=4"], seeds=(0, 1, 2)),
+}
+
+# (method, config, fusion method used at evaluation)
+BASELINES = [
+    ("No fusion", "sim/m1_none.yaml", "none"),
+    ("Late fusion", "sim/m1m3_late.yaml", "late"),
+    ("Early fusion", "sim/m1m3_early.yaml", "early"),
+    ("Intermediate (full feature)", "sim/m1m3_intermediate.yaml", "intermediate"),
+]
+STAGE1 = {t: f"sim/gencomm_stage1_{t}.yaml" for t in ("m1", "m3", "m2", "m4")}
+# the competitors' own stage 1 (full-feature intermediate fusion, homogeneous), as the reference runs them
+COMPETITOR_STAGE1 = {t: f"sim/baseline_stage1_{t}.yaml" for t in ("m1", "m3", "m2", "m4")}
+STAGE2 = "sim/stage2/gencomm_m1_m3.yaml"
+CAMERA_TYPES = ("m2", "m4")  # the LSS types of configs/sim/types: only they need camera images
+# The separate test set's simulator seed is the data seed plus this, so none of its scenes repeats a
+# scene of the dataset (scenario k's seed is SeedSequence([seed, k]), recorder.scenario_seed).
+TEST_SEED_OFFSET = 1_000_000
