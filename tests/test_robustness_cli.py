@@ -131,7 +131,7 @@ def test_tables_show_intervals_when_present():
 
 
 def test_report_section_from_robustness_json(tmp_path):
-    from gencomm.report import robustness_section
+    from experiments.report import robustness_section
     assert robustness_section(tmp_path) == []
     (tmp_path / "robustness").mkdir()
     (tmp_path / "robustness" / "robustness.json").write_text(json.dumps(_data(False)))
@@ -149,7 +149,7 @@ def test_report_section_from_robustness_json(tmp_path):
 
 
 def test_main_job_sweeps_every_method_row(tmp_path, monkeypatch):
-    from gencomm import reproduce
+    from experiments import pipeline as reproduce
     calls = []
     monkeypatch.setattr(reproduce, "_run", calls.append)
     rows = [{"method": "No fusion", "run": "/r/none", "eval": {"fusion": "none"}},
