@@ -7,27 +7,28 @@ from typing import Dict, Sequence, Tuple
 from .config import config_from_dict
 from .experiment import ExperimentConfig, build_model, join_types, load_experiment
 from .models.detector import CooperativeDetector
-from .training.checkpoint import CheckpointPaths, load_model_state
+from .run_folder import FUSION_ALIASES, RunFolder
+from .training.checkpoint import load_model_state
 
-FUSION_ALIASES = {"no": "none"}  # OpenCOOD's spelling of the none method
+__all__ = ["FUSION_ALIASES", "checkpoint_of", "run_files", "load_run", "set_fusion", "late_fusion_of"]
 
 
 def checkpoint_of(run_dir: Path) -> Path:
     """The weights ``run_dir`` is evaluated with (:meth:`CheckpointPaths.for_evaluation`)."""
-    return CheckpointPaths(run_dir).for_evaluation()
+    return RunFolder(run_dir).checkpoints.for_evaluation()
 
 
-def run_files(run_dir) -> Tuple[Path, Path]:
-    """What loading the run reads (:func:`load_run`): its ``config.yaml`` and ``checkpoints/``, not the
+def run_files(run_dir) -> Tuple[Path, ...]:
+    """What loading the run reads (:meth:`RunFolder.inputs`): its config and weights, not the
     evaluations written beside them; a resumed main job re-evaluates a run when these change."""
-    return Path(run_dir) / "config.yaml", Path(run_dir) / "checkpoints"
+    return RunFolder(run_dir).inputs()
 
 
 def load_run(run_dir, overrides: Sequence[str] = ()) -> Tuple[ExperimentConfig, CooperativeDetector]:
     run_dir = Path(run_dir)
-    cfg_path = run_dir / "config.yaml"
+    cfg_path = RunFolder(run_dir).config
     if not cfg_path.exists():
-        raise FileNotFoundError(f"{run_dir}: no config.yaml; is this a run folder written by tools/train.py?")
+        raise FileNotFoundError(f"{run_dir}: no {cfg_path.name}; is this a run folder written by gencomm-train?")
     cfg = load_experiment(cfg_path, overrides)
     model = build_model(cfg)
     load_model_state(model, checkpoint_of(run_dir))

@@ -164,3 +164,35 @@ def test_main_job_sweeps_every_method_row(tmp_path, monkeypatch):
     calls.clear()
     reproduce.robustness_sweep(rows, tmp_path / "rob", reproduce.PROFILES["default"], seed=0)
     assert not any(f"--{k}" in calls[0] for k in EFFECTS)  # the default levels
+
+
+def test_sweep_reuses_by_the_run_folder_stamp(run, tmp_path, monkeypatch):
+    """The sweep's reuse rule is the main job's: same command, code and inputs (the run's config and
+    checkpoints, the test data). A code change, an edited test frame or another data.root evaluates again."""
+    import yaml
+    from opencood_ext.eval import robustness as sweep_module
+    from opencood_ext.run_folder import RunFolder
+    out = tmp_path / "rob"
+    args = ["--runs", f"Late={run}:late", "--sweep", "drop", "-o", str(out), "--no_progress", "--drop", "0.5"]
+
+    def reused():
+        assert robustness.main(args) == 0
+        return _points(json.loads((out / "robustness.json").read_text()), "drop", "Late")[0]["reused"]
+
+    reused()
+    folder = RunFolder(run)
+    stamp = json.loads(folder.stamp("late_drop0.5").read_text())
+    assert stamp["command"][:2] == ["gencomm-infer", "--model_dir"] and stamp["num_files"] > 2
+    assert reused()
+    monkeypatch.setattr(sweep_module, "code_digest", lambda: "an edited source tree")
+    assert not reused() and reused()
+    data = Path(yaml.safe_load(folder.config.read_text())["data"]["root"])
+    frame = sorted((data / "test").rglob("*.pcd"))[0]
+    os.utime(frame, ns=(frame.stat().st_atime_ns, frame.stat().st_mtime_ns + 10**9))
+    assert not reused() and reused()
+    import shutil
+    copy = tmp_path / "data_copy"
+    shutil.copytree(data, copy)
+    args += ["--set", f"data.root={copy}"]
+    assert not reused() and reused()
+    assert json.loads(folder.stamp("late_drop0.5").read_text())["command"][-2:] == ["--set", f"data.root={copy}"]

@@ -55,15 +55,15 @@ def compare(specs: List[Spec], reference: int = 0, orders=("global",), resamples
             seed: int = 0) -> Tuple[str, dict]:
     """(printed text, JSON summary) for the evaluations ``specs``; ``reference`` indexes ``specs``."""
     from opencood_ext.cli.errors import reading
-    from opencood_ext.eval.bootstrap import (bootstrap_ap, eval_labels, frames_path, load_eval_records,
-                                             paired_difference, scene_draws)
+    from opencood_ext.eval.bootstrap import bootstrap_ap, load_eval_records, paired_difference, scene_draws
+    from opencood_ext.run_folder import RunFolder
 
     loaded = []
     for run, label in specs:
         if label is None and Path(run).is_dir():
-            labels = eval_labels(run)
+            labels = RunFolder(run).evaluation_labels()
             label = labels[0] if len(labels) == 1 else None  # else load_eval_records says none / several
-        with reading(frames_path(run, label) if label is not None else run, "evaluation records"):
+        with reading(RunFolder(run).frames(label) if label is not None else run, "evaluation records"):
             label, rec = load_eval_records(run, label)
         loaded.append((f"{run}:{label}", rec))
     ref_name, ref = loaded[reference]

@@ -18,7 +18,9 @@ What a type's messages carry: --blank_messages m2 --label blank_m2 evaluates wit
 collaborators sending all-zero feature maps (they still take part), into eval_blank_m2.json;
 ``tools/compare.py RUN:dyn_m1+m2 RUN:blank_m2`` then gives the paired difference.
 
-Writes eval_<method>.yaml / .json (eval_dynamic.json) and bev/*.png into the run folder.
+Writes eval_<method>.yaml / .json (eval_dynamic.json) and bev/*.png into the run folder, and
+the evaluation's stamp eval_<label>.inputs.json (its command, code and input files). --reuse skips
+an evaluation whose stamp is current: the same settings, code, run weights and config, test data.
 From a checkout, ``python tools/inference.py`` runs the same command.
 """
 from __future__ import annotations
@@ -56,6 +58,9 @@ def main(argv=None) -> int:
     p.add_argument("--label", default=None, help="name of the eval_<label>.json written (default: the fusion "
                    "method, plus the channel settings when the channel is not perfect); a plain name: no path "
                    "separator, not '..'")
+    p.add_argument("--reuse", action="store_true",
+                   help="do nothing when the run folder already holds this evaluation and its stamp records the "
+                        "same settings, code and input files (the main job's resume rule)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -69,7 +74,9 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
-    from opencood_ext.eval.evaluate import channel_label, evaluate
+    from opencood_ext.eval.evaluate import evaluate
+    from opencood_ext.eval.reuse import EvaluationSettings, evaluation_stamp, parse_types
+    from opencood_ext.run_folder import RunFolder, evaluation_label
     from opencood_ext.experiment import build_dataset
     from opencood_ext.interop.runs import load_any_run  # ours, or a reference (OpenCOOD/HEAL) run folder
     from opencood_ext.runs import set_fusion
@@ -100,32 +107,42 @@ def _run(args) -> int:
     if args.latency_frames < 0:
         raise ValueError(f"--latency_frames must be >= 0, got {args.latency_frames}")
     model.wire_dtype = args.wire_dtype
-    if args.blank_messages:
+    blank = set(parse_types(args.blank_messages))
+    if blank:
         if not args.label or args.dynamic:
             raise ValueError("--blank_messages needs --label NAME (so the run's own evaluation is not overwritten) "
                              "and no --dynamic")
-        blank = {t.strip() for t in args.blank_messages.split(",") if t.strip()}
         unknown = sorted(blank - set(model.encoders))
         if unknown:
             raise ValueError(f"--blank_messages: types {unknown} are not in this model ({sorted(model.encoders)})")
         model.blank_message_types = blank
-    seed_everything(cfg.train.seed)  # GenComm's receiver samples diffusion noise: same seed, same AP
     split = args.split or cfg.eval.split
     max_frames = args.max_frames if args.max_frames is not None else cfg.eval.max_frames
-    if args.dynamic:
-        from opencood_ext.eval.dynamic import format_dynamic, run_dynamic
-        order = [t.strip() for t in args.dynamic.split(",") if t.strip()]
-        rows = run_dynamic(cfg, model, order, split, out_dir=args.model_dir, max_frames=max_frames)
-        print(f"== {args.model_dir} on {split} ==")
-        print(format_dynamic(rows))
+    order = parse_types(args.dynamic)
+    label = args.label or evaluation_label(model.fusion, channel, args.latency_frames, args.wire_dtype)
+    settings = EvaluationSettings(args.model_dir, model.fusion, split, max_frames, label, channel=channel,
+                                  latency_frames=args.latency_frames, wire_dtype=args.wire_dtype,
+                                  blank_messages=tuple(sorted(blank)),
+                                  overrides=tuple(args.overrides), dynamic=order,
+                                  late_of=tuple(args.late_of))
+    folder, stamp = RunFolder(args.model_dir), evaluation_stamp(settings, cfg)
+    if args.reuse and folder.evaluation_current(settings.stamp_label, stamp):
+        print(f"== {args.model_dir}: {folder.evaluation(settings.stamp_label).name} is current (same settings, "
+              f"code and input files as its stamp records); not evaluated again ==")
         return 0
-    dataset = build_dataset(cfg, split, train=False, fusion=model.fusion, latency_frames=args.latency_frames)
-    label = args.label or channel_label(model.fusion, channel, args.latency_frames, args.wire_dtype)
-    result = evaluate(model, dataset, out_dir=args.model_dir,
-                      plot_every=cfg.eval.plot_every if args.plot_every is None else args.plot_every,
-                      max_frames=max_frames, label=label, channel=channel)
+    folder.clear_stamp(settings.stamp_label)  # an interrupted evaluation leaves no stamp on new outputs
+    seed_everything(cfg.train.seed)  # GenComm's receiver samples diffusion noise: same seed, same AP
     print(f"== {args.model_dir} on {split} ==")
-    print(result.table())
+    if order:
+        from opencood_ext.eval.dynamic import format_dynamic, run_dynamic
+        print(format_dynamic(run_dynamic(cfg, model, order, split, out_dir=args.model_dir, max_frames=max_frames)))
+    else:
+        dataset = build_dataset(cfg, split, train=False, fusion=model.fusion, latency_frames=args.latency_frames)
+        result = evaluate(model, dataset, out_dir=args.model_dir,
+                          plot_every=cfg.eval.plot_every if args.plot_every is None else args.plot_every,
+                          max_frames=max_frames, label=label, channel=channel)
+        print(result.table())
+    folder.write_stamp(settings.stamp_label, stamp)
     return 0
 
 

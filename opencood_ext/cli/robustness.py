@@ -12,8 +12,10 @@ optionally the fusion method to run it with (default: the one it was trained for
 noise std in m (x, y) and deg (yaw) at once; latency in frames; drop as a probability.
 
 Each evaluation lands in its run folder as eval_<label>.json (the label tools/inference.py gives
-the same settings, e.g. eval_late_noise0.2m0.2deg.json); one already there with the same settings,
-written after the run's weights, is reused, so an interrupted sweep resumes. The drop sweep also
+the same settings, e.g. eval_late_noise0.2m0.2deg.json) with its stamp eval_<label>.inputs.json; one
+already there is reused when its stamp records the same settings, code and input files (the run's
+config and weights, the test data), so an interrupted sweep resumes, and an edit of the code, a
+retrained checkpoint or another data.root evaluates again. The drop sweep also
 evaluates each run with its collaborators off (eval_none.json). Writes OUT/robustness.json,
 OUT/robustness.md (tables) and OUT/robustness.png (AP against the level, one panel per effect).
 """
@@ -45,7 +47,7 @@ def main(argv=None) -> int:
     from opencood_ext.cli.errors import USER_ERRORS, data_hint, report
     from opencood_ext.eval.robustness import parse_run, sweep, write_outputs
     from opencood_ext.models.fusion_methods import FUSION_METHODS
-    from opencood_ext.runs import FUSION_ALIASES
+    from opencood_ext.run_folder import FUSION_ALIASES
 
     try:
         methods = [*FUSION_METHODS.keys(), *FUSION_ALIASES]

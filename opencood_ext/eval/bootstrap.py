@@ -36,6 +36,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .ap import ORDER_GLOBAL, ORDER_PER_FRAME, APAccumulator, voc_ap
+from ..run_folder import RunFolder
 
 ORDERS = (ORDER_GLOBAL, ORDER_PER_FRAME)
 LEVEL = 0.95
@@ -366,13 +367,13 @@ def pooled_paired_difference(pairs: Sequence[Tuple[FrameRecords, FrameRecords]],
 
 
 def frames_path(run_dir, label: str) -> Path:
-    """Where evaluate() writes the per-frame records of ``eval_<label>.json``."""
-    return Path(run_dir) / f"eval_{label}_frames.npz"
+    """Where evaluate() writes the per-frame records of evaluation ``label`` (:meth:`RunFolder.frames`)."""
+    return RunFolder(run_dir).frames(label)
 
 
 def eval_labels(run_dir) -> List[str]:
-    """Labels of the evaluations in ``run_dir`` that have per-frame records."""
-    return sorted(p.name[len("eval_"):-len("_frames.npz")] for p in Path(run_dir).glob("eval_*_frames.npz"))
+    """Labels of the evaluations in ``run_dir`` that have per-frame records (:meth:`RunFolder.evaluation_labels`)."""
+    return RunFolder(run_dir).evaluation_labels()
 
 
 def load_eval_records(run_dir, label: Optional[str] = None) -> Tuple[str, FrameRecords]:

@@ -5,7 +5,8 @@ frame and what it cost to onboard the newest type: the trainable parameters
 and GFLOPs of what the run's onboarding method trains for it
 (:meth:`~opencood_ext.methods.base.OnboardingMethod.cost`; GenComm: its message
 extractor). Each alliance's evaluation is written as ``eval_dyn_<types>.json``
-(with its per-frame records, so alliances and runs can be compared pairwise).
+(with its per-frame records, so alliances and runs can be compared pairwise), the
+table as ``eval_dynamic.json`` (names: :class:`~opencood_ext.run_folder.RunFolder`).
 """
 from __future__ import annotations
 
@@ -21,14 +22,13 @@ from .evaluate import EvalResult, evaluate
 from ..experiment import ExperimentConfig, build_dataset
 from ..data.batch import collate_samples
 from ..methods.base import ONBOARDING
+from ..run_folder import DYNAMIC, RunFolder, evaluation_label
 
 
 def alliance_label(types: Sequence[str]) -> str:
-    """The evaluation label of the alliance ``types`` (ego first): ``dyn_m1+m2``, whose files are
-    ``eval_dyn_m1+m2.json`` and ``eval_dyn_m1+m2_frames.npz`` in the run folder."""
-    if not types:
-        raise ValueError("an alliance has at least the ego's type")
-    return "dyn_" + "+".join(types)
+    """The evaluation label of the alliance ``types`` (ego first), ``dyn_m1+m2``
+    (:func:`~opencood_ext.run_folder.evaluation_label`)."""
+    return evaluation_label(alliance=types)
 
 
 @dataclass
@@ -77,7 +77,7 @@ def run_dynamic(cfg: ExperimentConfig, model, order: Sequence[str], split: str,
         rows.append(DynamicRow(types, res, params, gflops))
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "eval_dynamic.json").write_text(json.dumps(
+        RunFolder(out_dir).evaluation(DYNAMIC).write_text(json.dumps(
             [{"types": r.types, "onboard_params": r.onboard_params, "onboard_gflops": r.onboard_gflops,
               **r.result.to_json()} for r in rows], indent=2))
     return rows

@@ -38,29 +38,13 @@ from opencood_ext.comm.channel import ChannelConfig
 from opencood_ext.comm.messages import rule_of
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.eval.ap import APAccumulator, format_ap_table, plot_pr_curves, pr_envelope
-from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap, frames_path
+from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap
 from opencood_ext.eval.localisation import LocalisationStats, format_localisation
 from opencood_ext.eval.visibility import VisibilityRecall, visibility_groups
+from opencood_ext.run_folder import RunFolder
 from opencood_ext.viz import plot_agents_bev
 
 log = logging.getLogger(__name__)
-
-
-def channel_label(fusion: str, channel: ChannelConfig, latency_frames: int, wire_dtype: Optional[str]) -> str:
-    """The ``<label>`` of ``eval_<label>.json``: the fusion method, plus what differs from the plain
-    evaluation (pose noise, loss, latency, wire dtype, and the channel seed when any of them is set)."""
-    parts = [fusion]
-    if channel.pose_noise_m or channel.pose_noise_deg:
-        parts.append(f"noise{channel.pose_noise_m:g}m{channel.pose_noise_deg:g}deg")
-    if channel.drop:
-        parts.append(f"drop{channel.drop:g}")
-    if latency_frames:
-        parts.append(f"latency{latency_frames}")
-    if wire_dtype:
-        parts.append(wire_dtype)
-    if len(parts) > 1 and channel.seed:
-        parts.append(f"seed{channel.seed}")
-    return "_".join(parts)
 
 
 @dataclass
@@ -194,7 +178,7 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         lost += len(pred.delivery.lost)
         rejected.update(rule_of(reason) for _, reason in pred.delivery.rejected)
         if out_dir is not None and plot_every and i % plot_every == 0:
-            path = Path(out_dir) / "bev" / f"{label or model.fusion}_{i:05d}.png"
+            path = RunFolder(out_dir).bev_image(label or model.fusion, i)
             _plot_frame(dataset, i, boxes, gt, path,
                         f"{label or model.fusion}: {batch.scenarios[0]} / {batch.timestamps[0]} "
                         f"(green GT, red detections)")
@@ -221,12 +205,12 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         boot = bootstrap_ap(records, resamples=resamples, seed=bootstrap_seed)
         result.ap_ci, result.num_scenes, result.bootstrap = boot.ci_json(), boot.num_scenes, boot.method_json()
     if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        result.pr_curves["image"] = str(plot_pr_curves(g, out / f"pr_{label or model.fusion}.png"))
-        name = f"eval_{label or model.fusion}"
-        result.frames_file = str(records.save(frames_path(out, label or model.fusion)))
-        (out / f"{name}.json").write_text(json.dumps(result.to_json(), indent=2))
-        (out / f"{name}.yaml").write_text(yaml.safe_dump(result.to_json(), sort_keys=False))
-        log.info("wrote %s/%s.{json,yaml}\n%s", out, name, format_ap_table(res))
+        folder, name = RunFolder(out_dir), label or model.fusion
+        folder.root.mkdir(parents=True, exist_ok=True)
+        result.pr_curves["image"] = str(plot_pr_curves(g, folder.pr_plot(name)))
+        result.frames_file = str(records.save(folder.frames(name)))
+        folder.evaluation(name).write_text(json.dumps(result.to_json(), indent=2))
+        folder.evaluation_yaml(name).write_text(yaml.safe_dump(result.to_json(), sort_keys=False))
+        log.info("wrote %s and %s\n%s", folder.evaluation(name), folder.evaluation_yaml(name).name,
+                 format_ap_table(res))
     return result

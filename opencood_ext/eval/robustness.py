@@ -6,10 +6,14 @@ For each run and each level of each effect the run is evaluated with
 (:mod:`opencood_ext.comm.channel`; latency from the dataset reader,
 ``latency_frames``), and the result lands in the run folder as
 ``eval_<label>.json``, ``<label>`` being the inference CLI's
-(:func:`opencood_ext.eval.evaluate.channel_label`). A JSON already there is
-reused when it was written with the same settings (fusion method, channel,
-latency, frame count) after the run's weights: the sweep resumes where it
-stopped and reuses the main job's plain evaluations.
+(:func:`opencood_ext.run_folder.evaluation_label`). One already there is reused
+by the run folder's one rule (:meth:`~opencood_ext.run_folder.RunFolder.evaluation_current`):
+its stamp records the same settings (the inference command of
+:class:`~opencood_ext.eval.reuse.EvaluationSettings`), the same code and the same
+files (the run's config and weights, the test data under ``data.root``). So the
+sweep resumes where it stopped and reuses the inference CLI's (and the main
+job's) evaluations, and evaluates again after any code change, retraining or
+other test data.
 
 Levels (defaults, the field's protocol): pose noise std 0, 0.2, 0.4, 0.6 (m on
 x and y, deg on yaw, both at once); latency 0-3 frames; drop probability 0,
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -32,6 +36,8 @@ import torch
 from tqdm import tqdm
 
 from ..comm.channel import ChannelConfig
+from ..run_folder import RunFolder, code_digest, evaluation_label
+from .reuse import EvaluationSettings, evaluation_stamp
 
 Level = Union[int, float]
 THRESHOLDS = ("0.5", "0.7")
@@ -116,36 +122,6 @@ def interval(point: dict, thr: str) -> Optional[Tuple[float, float]]:
     return None
 
 
-def _weights_time(run_dir: Path) -> float:
-    """Modification time of the run's weights (0 when none is found: the loader reports that)."""
-    from ..interop.runs import find_reference_checkpoint
-    from ..runs import checkpoint_of
-    for find in (checkpoint_of, find_reference_checkpoint):
-        try:
-            return find(run_dir).stat().st_mtime
-        except FileNotFoundError:
-            continue
-    return 0.0
-
-
-def reusable(path: Path, fusion: str, channel: ChannelConfig, latency: int, frames: int,
-             not_before: float) -> Optional[dict]:
-    """The evaluation stored at ``path`` when it has exactly these settings and is newer than the
-    weights (``not_before``, a modification time), else None (missing, unreadable, or different)."""
-    try:
-        res = json.loads(path.read_text())
-        stamp = path.stat().st_mtime
-    except (OSError, ValueError):
-        return None
-    ch = res.get("channel") or {}
-    want = {**asdict(channel), "latency_frames": latency}
-    if channel.perfect:
-        del want["seed"]  # a perfect channel draws nothing: any seed gives the same evaluation
-    if res.get("fusion") != fusion or res.get("frames") != frames or stamp < not_before:
-        return None
-    return res if all(ch.get(k) == v for k, v in want.items()) else None
-
-
 def _point(level: Level, name: str, res: dict, reused: bool) -> dict:
     ch = res.get("channel") or {}
     return {"level": level, "eval": name, "reused": reused, "ap": res["ap"]["global"], "ap_ci": res.get("ap_ci"),
@@ -157,10 +133,11 @@ class _RunEvaluator:
     """Evaluates one run at any channel setting, reusing stored results (module docstring)."""
 
     def __init__(self, spec: RunSpec, seed: int, split: Optional[str], max_frames: Optional[int],
-                 overrides: Sequence[str], progress: bool):
+                 overrides: Sequence[str], progress: bool, code: str):
         from ..interop.runs import load_any_run
         from ..runs import set_fusion
-        self.spec, self.seed, self.progress = spec, seed, progress
+        self.spec, self.seed, self.progress, self.code = spec, seed, progress, code
+        self.folder, self.overrides = RunFolder(spec.run_dir), tuple(overrides)
         self.cfg, self.model = load_any_run(spec.run_dir, overrides, echo=False)
         if spec.fusion:
             set_fusion(self.model, spec.fusion)
@@ -169,19 +146,20 @@ class _RunEvaluator:
         # eval JSONs do not record the split: another split than the run's own gets its own labels
         self.suffix = "" if self.split == self.cfg.eval.split else f"_{self.split}"
         self.max_frames = max_frames if max_frames is not None else self.cfg.eval.max_frames
-        self.not_before = _weights_time(spec.run_dir)
 
     def evaluate(self, level: Level, channel: ChannelConfig, latency: int, fusion: Optional[str] = None) -> dict:
-        from .evaluate import channel_label, evaluate
+        from .evaluate import evaluate
         from ..experiment import build_dataset
         fusion = fusion or self.fusion
-        label = channel_label(fusion, channel, latency, None) + self.suffix
-        path = Path(self.spec.run_dir) / f"eval_{label}.json"
+        label = evaluation_label(fusion, channel, latency, split_suffix=self.suffix)
+        name = self.folder.evaluation(label).name
+        settings = EvaluationSettings(self.spec.run_dir, fusion, self.split, self.max_frames, label, channel=channel,
+                                      latency_frames=latency, overrides=self.overrides)
+        stamp = evaluation_stamp(settings, self.cfg, self.code)
+        if self.folder.evaluation_current(label, stamp):
+            return _point(level, name, self.folder.read_evaluation(label), reused=True)
+        self.folder.clear_stamp(label)
         dataset = build_dataset(self.cfg, self.split, train=False, fusion=fusion, latency_frames=latency)
-        frames = len(dataset) if self.max_frames is None else min(len(dataset), self.max_frames)
-        res = reusable(path, fusion, channel, latency, frames, self.not_before)
-        if res is not None:
-            return _point(level, path.name, res, reused=True)
         original = self.model.fusion
         self.model.set_fusion(fusion)
         try:
@@ -190,7 +168,8 @@ class _RunEvaluator:
                               max_frames=self.max_frames, label=label, progress=self.progress, channel=channel)
         finally:
             self.model.set_fusion(original)
-        return _point(level, path.name, result.to_json(), reused=False)
+        self.folder.write_stamp(label, stamp)
+        return _point(level, name, result.to_json(), reused=False)
 
 
 def sweep(specs: Sequence[RunSpec], levels: Dict[str, List[Level]], seed: int = 0, split: Optional[str] = None,
@@ -210,9 +189,10 @@ def sweep(specs: Sequence[RunSpec], levels: Dict[str, List[Level]], seed: int = 
                                         "results": {}, **({"off": {}} if k == "drop" else {})}
                                     for k, v in levels.items()}}
     bar = tqdm(total=total, desc="robustness", unit="eval", disable=not progress)
+    code = code_digest()  # once: every evaluation of the sweep runs the same code
     for spec in specs:
         bar.set_postfix_str(f"{spec.label}: loading")
-        ev = _RunEvaluator(spec, seed, split, max_frames, overrides, progress)
+        ev = _RunEvaluator(spec, seed, split, max_frames, overrides, progress, code)
         data["runs"].append({"label": spec.label, "run_dir": str(spec.run_dir), "fusion": ev.fusion,
                              "split": ev.split})
         for name, effect_levels in levels.items():

@@ -8,21 +8,18 @@ mapping the weights (strictly: a module whose structure differs is refused).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
 from ..config import dump_config
 from ..experiment import ExperimentConfig, build_model, load_experiment
 from ..models.detector import CooperativeDetector
+from ..run_folder import RunFolder
 from ..runs import load_run
-from ..training.checkpoint import FORMAT_VERSION, CheckpointPaths, save_checkpoint
+from ..training.checkpoint import FORMAT_VERSION, save_checkpoint
 from .hypes import Conversion, convert_hypes
 from .hypes_reader import is_hypes, read_yaml
 from .weights import WeightImportError, WeightMapping, import_reference_state, read_reference_checkpoint
-
-_EPOCH = re.compile(r"net_epoch(_bestval_at)?(\d+)\.pth\Z")
-
 
 def convert_if_hypes(path, echo: bool = True, remap_to: Optional[Path] = None) -> Optional[Conversion]:
     """The conversion of ``path`` when it is a hypes yaml (printed when ``echo``), else None."""
@@ -43,11 +40,10 @@ def load_experiment_any(path, overrides: Sequence[str] = (), echo: bool = True) 
 
 def find_reference_checkpoint(run_dir) -> Path:
     """``net_epoch_bestval_at<N>.pth`` of the highest N, else ``net_epoch<N>.pth`` of the highest N."""
-    found = [(m.group(1) is not None, int(m.group(2)), p) for p in Path(run_dir).glob("net_epoch*.pth")
-             if (m := _EPOCH.match(p.name))]
+    found = RunFolder(run_dir).reference_weights()
     if not found:
         raise FileNotFoundError(f"{run_dir}: no net_epoch*.pth (a reference run folder holds its weights there)")
-    return max(found)[2]
+    return found[0]
 
 
 def import_weights(cfg: ExperimentConfig, checkpoint, partial: bool = False) -> Tuple[CooperativeDetector,
@@ -62,7 +58,7 @@ def import_weights(cfg: ExperimentConfig, checkpoint, partial: bool = False) -> 
 def load_any_run(run_dir, overrides: Sequence[str] = (),
                  echo: bool = True) -> Tuple[ExperimentConfig, CooperativeDetector]:
     """One of our run folders, or a reference one (config converted, weights mapped), in eval mode."""
-    cfg_path = Path(run_dir) / "config.yaml"
+    cfg_path = RunFolder(run_dir).config
     conv = convert_if_hypes(cfg_path, echo) if cfg_path.exists() else None
     if conv is None:
         return load_run(run_dir, overrides)
@@ -82,7 +78,7 @@ def check_import_target(run_dir) -> None:
     """Refuse (:class:`WeightImportError`, one line) an output folder where training has
     started: importing would overwrite its config.yaml and best.pth. A folder holding only an
     earlier import (its best.pth) may be imported into again."""
-    paths = CheckpointPaths(run_dir)
+    paths = RunFolder(run_dir).checkpoints
     started = [p for p in [paths.latest, paths.imported, *paths.epoch_files().values()] if p.is_file()]
     if started:
         raise WeightImportError(f"{run_dir}: training has started in this run folder ({started[0].name}); "
@@ -95,13 +91,13 @@ def write_imported_run(cfg: ExperimentConfig, model: CooperativeDetector, mappin
 
     Training in the folder (tools/train.py --model_dir) starts from these weights and keeps
     the file, byte for byte, as checkpoints/imported.pth (see training/runfolder.py)."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, run_dir / "config.yaml")
-    path = CheckpointPaths(run_dir).best
+    folder = RunFolder(run_dir)
+    folder.root.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, folder.config)
+    path = folder.checkpoints.best
     save_checkpoint({"format_version": FORMAT_VERSION, "model": model.state_dict(),
                      "imported_from": str(source)}, [path])
     report = {"source": str(source), "mapped": mapping.matched, "not_mapped": mapping.unmatched,
               "unused_reference_keys": mapping.unused, "dropped_unread_reference_keys": mapping.dropped}
-    (run_dir / "import_report.json").write_text(json.dumps(report, indent=1))
+    folder.import_report.write_text(json.dumps(report, indent=1))
     return path

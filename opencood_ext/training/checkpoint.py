@@ -1,10 +1,10 @@
 """Training checkpoints: atomic files, RNG state capture, model-weight loading.
 
-Run folder layout (written by rank 0 only)::
+Checkpoint files (written by rank 0 only; their names: :class:`~opencood_ext.run_folder.CheckpointPaths`)::
 
-    run_dir/checkpoints/epoch_{n}.pth   after epoch n (1-based) finished
-    run_dir/checkpoints/latest.pth      newest state, end of an epoch or mid-epoch
-    run_dir/checkpoints/best.pth        state with the best validation loss so far
+    checkpoints/epoch_{n}.pth   after epoch n (1-based) finished
+    checkpoints/latest.pth      newest state, end of an epoch or mid-epoch
+    checkpoints/best.pth        state with the best validation loss so far
 
 Every file is written to a temporary file in the same folder, fsynced and
 then ``os.replace``d over the target, so a reader (or a resume after SIGKILL)
@@ -46,11 +46,13 @@ import random
 import re
 import secrets
 from pathlib import Path
-from typing import Dict, Iterable, Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 import numpy as np
 import torch
 from torch import nn
+
+from ..run_folder import CheckpointPaths  # noqa: F401  (the file names live with the run folder's)
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -170,54 +172,6 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu", required=CHECKP
     if isinstance(state.get("rng"), list):
         state["rng"] = [plain_rng_state(r) for r in state["rng"]]
     return state
-
-
-class CheckpointPaths:
-    """The checkpoint file names of one run folder."""
-
-    def __init__(self, run_dir: str | os.PathLike):
-        self.dir = Path(run_dir) / "checkpoints"
-
-    def epoch(self, n: int) -> Path:
-        return self.dir / f"epoch_{n}.pth"
-
-    @property
-    def latest(self) -> Path:
-        return self.dir / "latest.pth"
-
-    @property
-    def best(self) -> Path:
-        return self.dir / "best.pth"
-
-    @property
-    def imported(self) -> Path:
-        """Weights imported from another code base (tools/import_weights.py): where a fresh run in
-        this folder starts from; training never writes or removes it (see runfolder.py)."""
-        return self.dir / "imported.pth"
-
-    def for_evaluation(self) -> Path:
-        """The weights a run is evaluated with: ``best.pth`` when validation ran, else ``latest.pth``, else
-        ``imported.pth`` (an imported folder whose fine-tuning has not written a checkpoint yet)."""
-        for path in (self.best, self.latest, self.imported):
-            if path.exists():
-                return path
-        raise FileNotFoundError(f"{self.dir.parent}: no checkpoints/best.pth or checkpoints/latest.pth "
-                                f"(was it trained?)")
-
-    def epoch_files(self) -> Dict[int, Path]:
-        """Existing ``epoch_{n}.pth`` files by n."""
-        out = {}
-        for p in self.dir.glob("epoch_*.pth"):
-            stem = p.stem[len("epoch_"):]
-            if stem.isdigit():
-                out[int(stem)] = p
-        return dict(sorted(out.items()))
-
-    def prune_epochs(self, keep: int) -> None:
-        """Delete all but the newest ``keep`` epoch files."""
-        files = self.epoch_files()
-        for n in list(files)[:-keep] if keep > 0 else list(files):
-            files[n].unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- RNG + seeding

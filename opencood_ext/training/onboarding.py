@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Sequence
 from ..config import apply_overrides, config_from_dict
 from ..experiment import ExperimentConfig, build_model, join_types, load_experiment
 from ..methods.base import ONBOARDING, OnboardingMethod
+from ..run_folder import RunFolder
 from ..runs import checkpoint_of
 from .checkpoint import load_model_state
 from .freeze import FreezePolicy
@@ -62,7 +63,7 @@ def _single_type(cfg: ExperimentConfig, run: Path) -> str:
 
 
 def _stage1(run: Path, method: OnboardingMethod) -> tuple:
-    cfg = load_experiment(run / "config.yaml")
+    cfg = load_experiment(RunFolder(run).config)
     t = _single_type(cfg, run)
     method.check_stage1(cfg, run)
     return cfg, t

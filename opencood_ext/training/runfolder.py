@@ -52,7 +52,8 @@ import socket
 from pathlib import Path
 from typing import Callable, Optional, Tuple
 
-from .checkpoint import (CheckpointError, CheckpointPaths, UnsafeCheckpointError, _fsync_dir, atomic_write_bytes,
+from ..run_folder import CheckpointPaths, RunFolder
+from .checkpoint import (CheckpointError, UnsafeCheckpointError, _fsync_dir, atomic_write_bytes,
                          load_checkpoint)
 from .runlog import truncate_log
 
@@ -73,10 +74,8 @@ class WriterLock:
     (deleting it would let two processes lock two different files); its text names the holder.
     """
 
-    NAME = ".writer.lock"
-
     def __init__(self, run_dir: Path):
-        path = Path(run_dir) / self.NAME
+        path = RunFolder(run_dir).writer_lock
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "a+", encoding="utf-8")
         try:
@@ -253,7 +252,7 @@ def prepare_run_folder(run_dir: Path, map_location="cpu", main: bool = True,
     raises (e.g. the checkpoint does not fit the model), every file is left as it was. Every
     rank calls it (each loads the state); only ``main`` (rank 0) changes files.
     """
-    paths = CheckpointPaths(run_dir)
+    paths = RunFolder(run_dir).checkpoints
     found = find_resume_state(paths, map_location)
     imported = None if found is not None else find_imported_start(paths, map_location)
     if check is not None:

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import List, Optional
 
+from ..run_folder import RunFolder
 from .checkpoint import atomic_write_bytes
 
 log = logging.getLogger("opencood_ext.training")
@@ -18,8 +19,9 @@ class RunLog:
 
     def __init__(self, run_dir: Path, purge_step: Optional[int]):
         from torch.utils.tensorboard import SummaryWriter
-        self.tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge_step)
-        self.jsonl = open(run_dir / "train_log.jsonl", "a")
+        folder = RunFolder(run_dir)
+        self.tb = SummaryWriter(log_dir=str(folder.tensorboard), purge_step=purge_step)
+        self.jsonl = open(folder.train_log, "a")
 
     def record(self, kind: str, data: dict, step: Optional[int] = None, tb_prefix: Optional[str] = None,
                durable: bool = False):
@@ -55,7 +57,7 @@ def _parse(lines: List[str], path: Path) -> List[dict]:
 def read_log(run_dir, kind: Optional[str] = None) -> List[dict]:
     """Records of ``run_dir/train_log.jsonl`` (only those of ``kind`` when given); [] if none.
     A line that is not JSON (torn by a kill mid-write) is skipped with a warning."""
-    path = Path(run_dir) / "train_log.jsonl"
+    path = RunFolder(run_dir).train_log
     if not path.exists():
         return []
     recs = _parse(path.read_text().splitlines(), path)
@@ -67,7 +69,7 @@ def truncate_log(run_dir, global_step: int, epoch: int) -> int:
     accounts for: step and resume records up to ``global_step``, epoch records up to
     ``epoch``; a torn last line goes too. Rewrites the file atomically when anything is
     dropped; returns the number of records dropped."""
-    path = Path(run_dir) / "train_log.jsonl"
+    path = RunFolder(run_dir).train_log
     if not path.exists():
         return 0
     lines = path.read_text().splitlines()
@@ -85,6 +87,6 @@ def truncate_log(run_dir, global_step: int, epoch: int) -> int:
 def training_wall_time(run_dir) -> float:
     """Seconds a run spent training: the sum of its epochs' ``time_s`` (nan without a log)."""
     epochs = read_log(run_dir, "epoch")
-    if not epochs and not (Path(run_dir) / "train_log.jsonl").exists():
+    if not epochs and not RunFolder(run_dir).train_log.exists():
         return float("nan")
     return float(sum(float(r.get("time_s", 0.0)) for r in epochs))

@@ -17,11 +17,11 @@ Contract with the rest of the project
   :class:`~opencood_ext.training.freeze.FreezePolicy`, or ``callable(model) ->
   iterable of trainable parameters``.
 
-Run folder (rank 0 writes; ``config.yaml`` is the CLI's)::
+Run folder (rank 0 writes; ``config.yaml`` is the CLI's; names: :class:`~opencood_ext.run_folder.RunFolder`)::
 
-    run_dir/checkpoints/{epoch_N,latest,best}.pth   see checkpoint.py
-    run_dir/tb/                                     tensorboard scalars
-    run_dir/train_log.jsonl                         one JSON object a line:
+    checkpoints/{epoch_N,latest,best}.pth   see checkpoint.py; saving and resuming: resume.py
+    tb/                                     tensorboard scalars
+    train_log.jsonl                         one JSON object a line:
         {"kind": "step", "epoch", "step", "global_step", "lr", "loss", <parts>}
         {"kind": "epoch", <TrainResult.history entry>}
         {"kind": "resume", "epoch", "step_in_epoch", "global_step"}
@@ -49,7 +49,6 @@ epoch record is written, so a run folder never holds NaN/Inf weights.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import random
@@ -68,10 +67,11 @@ from tqdm import tqdm
 
 from ..models.losses import LossOutput
 from . import distributed as D
-from .checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointPaths, capture_rng_state, check_optimizer_fits,
-                         check_weights_fit, restore_rng_state, save_checkpoint, seed_everything)
+from ..run_folder import RunFolder
+from .checkpoint import capture_rng_state, save_checkpoint, seed_everything
 from .freeze import PolicyLike, resolve_policy
-from .runfolder import WriterLock, prepare_run_folder
+from .resume import Resumable
+from .runfolder import WriterLock
 from .runlog import RunLog
 from .train_config import TrainConfig
 
@@ -119,7 +119,7 @@ def _seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
-class Trainer:
+class Trainer(Resumable):
     """Trains ``model`` on ``train_set``; see the module docstring for the contract.
 
     device: None = ``cuda:LOCAL_RANK`` when available, else CPU.
@@ -149,7 +149,7 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, config)
         # float16 gradients underflow without loss scaling; bf16 has float32's range (no scaler)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.amp == "fp16")
-        self.paths = CheckpointPaths(self.run_dir)
+        self.paths = RunFolder(self.run_dir).checkpoints
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.best_val: Optional[float] = None
         self.history: List[dict] = []
@@ -163,15 +163,6 @@ class Trainer:
                              f"make no full batch of {config.batch_size} (drop_last=True)")
 
     # ------------------------------------------------------------ checkpoints
-    def _state(self) -> dict:
-        return {"format_version": FORMAT_VERSION, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-                "grad_scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-                "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-                "best_val": self.best_val, "history": list(self.history),
-                "world_size": self.dist.world_size, "batch_size": self.config.batch_size,
-                "config": dataclasses.asdict(self.config)}
-
     def _check_finite(self) -> None:
         """Refuse to go on (and to checkpoint) with NaN/Inf weights; every rank holds the same
         weights, so every rank raises alike (no rank is left waiting in a collective)."""
@@ -199,87 +190,6 @@ class Trainer:
         save_checkpoint(state, paths + [self.paths.latest])
         if epoch_file and self.config.keep_epoch_checkpoints:
             self.paths.prune_epochs(self.config.keep_epoch_checkpoints)
-
-    def restore(self) -> bool:
-        """Load the run folder's resume point (if any) into model, optimizer, scheduler,
-        counters and RNG; True when there was one. Without one, a folder holding imported
-        weights (tools/import_weights.py) gives the model its starting weights (fine-tuning;
-        still False: a fresh run). ``fit()`` calls it; call it earlier to find out whether the
-        run folder fits this model before writing anything (tools/train.py does, before it
-        saves config.yaml). A checkpoint that does not fit raises a one-line
-        :class:`CheckpointError` naming the file and the keys, and leaves every file of the
-        folder as it was: the clean-up after a kill (runfolder.py) runs only once the
-        checkpoint has loaded. Idempotent."""
-        if self.dist.is_main and self._lock is None:
-            self._lock = WriterLock(self.run_dir)  # RunFolderBusy while another process trains here
-        if self._restored is None:
-            try:
-                self._restored = self._resume()
-            except BaseException:
-                self._release(restore=True)
-                raise
-        return self._restored
-
-    def _release(self, restore: bool = False) -> None:
-        if self._lock is not None:
-            self._lock.release(restore=restore)
-            self._lock = None
-
-    def _load_states(self, found, imported) -> None:
-        """prepare_run_folder's check: load the resume point (or the imported weights) into the
-        model, optimizer, scheduler and scaler, raising a one-line CheckpointError when any of
-        it does not fit. Runs before any file of the folder changes."""
-        if found is None:
-            if imported is not None:
-                state, path = imported
-                check_weights_fit(self.model, state["model"], path)
-                self.model.load_state_dict(state["model"])
-                if self.dist.is_main:
-                    log.info("starting from the imported weights in %s (%s)", path,
-                             state.get("imported_from", "imported"))
-            return
-        state, path = found
-        check_weights_fit(self.model, state["model"], path)
-        check_optimizer_fits(self.optimizer, state["optimizer"], path)
-        self.model.load_state_dict(state["model"])
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-            if self.scheduler is not None and state["scheduler"] is not None:
-                self.scheduler.load_state_dict(state["scheduler"])
-            if self.scaler.is_enabled() and state.get("grad_scaler"):
-                self.scaler.load_state_dict(state["grad_scaler"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{path}: field 'optimizer'/'scheduler' does not fit this run "
-                                  f"(different trainable parameters or scheduler?): {exc}") from None
-
-    def _resume(self) -> bool:
-        found, _ = prepare_run_folder(self.run_dir, map_location=self.device, main=self.dist.is_main,
-                                      check=self._load_states)
-        if found is None:
-            return False
-        state, path = found
-        self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
-        self.global_step, self.best_val = state["global_step"], state["best_val"]
-        self.history = list(state["history"])
-        now = dataclasses.asdict(self.config)
-        changed = sorted(k for k in now if state["config"].get(k) != now[k] and k != "epochs")
-        if changed and self.dist.is_main:
-            log.warning("resuming %s with changed train settings: %s", path, changed)
-        same_layout = (state["world_size"] == self.dist.world_size and state["batch_size"] == self.config.batch_size
-                       and state["config"].get("max_steps_per_epoch") == self.config.max_steps_per_epoch)
-        if self.step_in_epoch and not same_layout:
-            log.warning("%s: world size / batch size changed mid-epoch; epoch %d restarts from its beginning",
-                        path, self.epoch + 1)
-            self.step_in_epoch = 0
-        partial = state.get("partial_epoch")
-        if self.step_in_epoch and partial and len(partial) == self.dist.world_size:
-            self._acc = dict(partial[self.dist.rank])
-            self._acc["t0"] = time.time() - self._acc.pop("time_s")
-        if len(state["rng"]) == self.dist.world_size:
-            restore_rng_state(state["rng"][self.dist.rank])
-        else:
-            seed_everything(self.config.seed + self.dist.rank + self.global_step)
-        return True
 
     # ------------------------------------------------------------ data
     def _loader(self, dataset, sampler=None, batch_sampler=None, gen_seed: int = 0, drop_last=False):
