@@ -1,4 +1,4 @@
-"""Installs two packages: ``opencood_ext`` (the OpenCOOD-compatible substrate any
+"""Installs ``opencood_ext`` (the OpenCOOD-compatible substrate any
 cooperative-perception method needs: configs, data and the simulator, encoders,
 detector, wire format, training engine, evaluation) and ``gencomm`` (the
 generative-communication method and its experiment).
@@ -19,9 +19,13 @@ installs before ``pip install --no-deps -e .``):
   may use ``open3d-cpu`` instead), ``[carla]`` the CARLA client for the CARLA
   bridge, ``[test]`` the test runner.
 
-Console scripts: ``gencomm-train``, ``gencomm-infer``, ``gencomm-onboard``,
-``gencomm-sim``, ``gencomm-demo`` (:mod:`gencomm.cli`); in a checkout
-``python tools/<name>.py`` runs the same commands.
+Packages: ``opencood_ext``, ``gencomm``, ``experiments`` (the experiment driver: the main job,
+the benchmark, reports, seed archives, ``experiments.bench``) and ``gencomm_configs``, the
+checkout's ``configs/`` shipped as package data, so a config is found by name from any directory
+(:mod:`opencood_ext.config_files`).
+
+Console scripts: one per command, listed in ``CONSOLE_SCRIPTS`` and documented in
+:mod:`gencomm.cli`; in a checkout ``python tools/<name>.py`` runs the same commands.
 """
 from pathlib import Path
 
@@ -56,10 +60,25 @@ EXTRAS_REQUIRE = {
 CONSOLE_SCRIPTS = [
     "gencomm-train = gencomm.cli:train",
     "gencomm-infer = gencomm.cli:infer",
-    "gencomm-onboard = gencomm.cli.onboard:main",
+    "gencomm-onboard = gencomm.cli:onboard",
     "gencomm-sim = gencomm.cli:simulate",
     "gencomm-demo = gencomm.cli:demo",
+    "gencomm-compare = gencomm.cli:compare",
+    "gencomm-robustness = gencomm.cli:robustness",
+    "gencomm-import-config = gencomm.cli:import_config",
+    "gencomm-import-weights = gencomm.cli:import_weights",
+    "gencomm-inspect-data = gencomm.cli:inspect_data",
+    "gencomm-reproduce = experiments.reproduce:main",
+    "gencomm-seed-report = experiments.seeds:main",
+    "gencomm-bench = experiments.bench.cli:main",
 ]
+
+CONFIGS_PACKAGE = "gencomm_configs"  # opencood_ext.config_files.PACKAGE: configs/ installed under this name
+# configs/ and each folder below it, as data-only packages (gencomm_configs.sim.types, ...)
+CONFIG_PACKAGES = [CONFIGS_PACKAGE] + sorted(
+    ".".join((CONFIGS_PACKAGE, *d.relative_to(HERE / "configs").parts))
+    for d in (HERE / "configs").rglob("*") if d.is_dir() and d.name != "__pycache__")
+CODE_PACKAGES = ["opencood_ext", "opencood_ext.*", "gencomm", "gencomm.*", "experiments", "experiments.*"]
 
 setup(
     name="gencomm",
@@ -68,10 +87,11 @@ setup(
     long_description=(HERE / "README.md").read_text(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["opencood_ext", "opencood_ext.*", "gencomm", "gencomm.*"]),
+    packages=find_packages(include=CODE_PACKAGES) + CONFIG_PACKAGES,
+    package_dir={CONFIGS_PACKAGE: "configs"},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
     entry_points={"console_scripts": CONSOLE_SCRIPTS},
-    package_data={"opencood_ext.sim": ["agent_types.yaml"]},
+    package_data={"opencood_ext.sim": ["agent_types.yaml"], **{p: ["*.yaml"] for p in CONFIG_PACKAGES}},
     include_package_data=True,
 )

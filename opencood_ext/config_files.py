@@ -7,7 +7,7 @@ under :func:`configs_root`, with ``.yaml`` added when missing and a leading ``co
 """
 from __future__ import annotations
 
-from importlib import resources
+import importlib.util
 from pathlib import Path
 
 PACKAGE = "gencomm_configs"  # setup.py ships the checkout's configs/ as this package's data
@@ -19,12 +19,12 @@ def configs_root() -> Path:
     checkout = Path(__file__).resolve().parents[1] / "configs"
     if checkout.is_dir():
         return checkout
-    try:
-        root = Path(str(resources.files(PACKAGE)))
-    except ModuleNotFoundError:
+    spec = importlib.util.find_spec(PACKAGE)  # a folder without __init__.py: a namespace package
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
         raise FileNotFoundError(f"no shipped configs: neither {checkout} nor an installed "
-                                f"{PACKAGE} package (reinstall with pip install .)") from None
-    return root
+                                f"{PACKAGE} package (reinstall with pip install .)")
+    return Path(locations[0])
 
 
 def resolve_config(name) -> Path:
@@ -33,6 +33,8 @@ def resolve_config(name) -> Path:
     path = Path(name)
     if path.is_file():
         return path
+    if path.is_absolute():
+        raise FileNotFoundError(f"config file not found: {name}")
     rel = Path(*path.parts[1:]) if path.parts[:1] == ("configs",) else path
     root = configs_root()
     for cand in (root / rel, root / rel.with_name(rel.name + ".yaml")):

@@ -20,13 +20,18 @@ SIM_HINT = ("the built-in simulator needs open3d and scipy: pip install 'gencomm
             "(a CPU-only machine may install open3d-cpu instead of open3d)")
 
 
+class MissingDependency(ImportError):
+    """An optional dependency is not installed; the message says what to install. The console
+    scripts (:mod:`gencomm.cli`) report it as one line with exit status 2, like any bad input."""
+
+
 def require(module: str, hint: str) -> ModuleType:
-    """``importlib.import_module(module)``, or an ImportError naming ``module``,
+    """``importlib.import_module(module)``, or a :class:`MissingDependency` naming ``module``,
     the reason and ``hint`` (what to install)."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(f"cannot import {module} ({exc}); {hint}") from exc
+        raise MissingDependency(f"cannot import {module} ({exc}); {hint}") from exc
 
 
 def require_spconv(submodule: str = "spconv.pytorch") -> ModuleType:

@@ -31,8 +31,8 @@ from opencood_ext.data.formats import OPV2VReader, read_pcd
 from opencood_ext.geometry import invert_transform, pose_to_matrix
 
 REPO = Path(__file__).resolve().parents[1]
-ARGS = ["--scenarios", "1", "--frames", "2", "--seed", "0", "--camera-size", "160x120", "--vehicles", "40", "41",
-        "--points-per-second", "400000", "--raster-res", "0.5", "--split-ratio", "1", "0", "0", "--quiet"]
+ARGS = ["--scenarios", "1", "--frames", "2", "--seed", "0", "--camera_size", "160x120", "--vehicles", "40", "41",
+        "--points_per_second", "400000", "--raster_res", "0.5", "--split_ratio", "1", "0", "0", "--quiet"]
 UE4_TO_OPENCV = np.array([[0, 0, 1, 0], [1, 0, 0, 0], [0, -1, 0, 0], [0, 0, 0, 1]], np.float64)
 
 

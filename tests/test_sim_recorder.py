@@ -16,8 +16,8 @@ from opencood_ext.config import ConfigError
 from opencood_ext.data.formats import OPV2VReader
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--scenarios", "2", "--frames", "2", "--seed", "11", "--camera-size", "64x48", "--vehicles", "20", "21",
-        "--points-per-second", "260000", "--raster-res", "0.5", "--split-ratio", "1", "1", "0", "--quiet"]
+TINY = ["--scenarios", "2", "--frames", "2", "--seed", "11", "--camera_size", "64x48", "--vehicles", "20", "21",
+        "--points_per_second", "260000", "--raster_res", "0.5", "--split_ratio", "1", "1", "0", "--quiet"]
 
 
 def _simulate():

@@ -6,7 +6,7 @@ Figures (times are medians over ``--reps`` runs after one warm-up, in ms):
 forward+backward of DeformConv2d (grid_sample) at 3x128x64x128 -> 64 channels in
 both orders (sample_first, project_first: the one ``auto`` takes here) and their
 largest difference, and of torchvision's deform_conv2d where torchvision imports;
-DME, SAFG (3 steps, unrolled; the compact UNet at ``--safg-base`` and the
+DME, SAFG (3 steps, unrolled; the compact UNet at ``--safg_base`` and the
 reference-size UNet) and CE forward+backward at the same size; parameter counts;
 DME and SAFG FLOPs at one 128x100x352 map; bytes per message and encode/decode
 time for a 2x100x352 payload per dtype.
@@ -61,7 +61,7 @@ def timing_parser(prog: str, doc: str, quick: str) -> argparse.ArgumentParser:
 
 def main(argv=None) -> Dict[str, object]:
     p = timing_parser("bench gencomm", __doc__, "quarter-size maps (smoke run)")
-    p.add_argument("--safg-base", type=int, default=32, help="width of the compact generator UNet timed as 'safg'")
+    p.add_argument("--safg_base", type=int, default=32, help="width of the compact generator UNet timed as 'safg'")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -1,6 +1,6 @@
 """Rotated BEV IoU throughput and rotated-NMS time (figures only, no assertions).
 
-``python tools/bench.py iou [--n 2000] [--dense-n 1000] [--nms 5000] [--threads 1]``
+``python tools/bench.py iou [--n 2000] [--dense_n 1000] [--nms 5000] [--threads 1]``
 
 * scene: N x N car-sized boxes spread over the OPV2V detection range
   (x in [-140.8, 140.8], y in [-40, 40] m), random yaw: most pairs are disjoint
@@ -37,7 +37,7 @@ def _best_of(fn, repeat):
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="bench iou", description=__doc__)
     p.add_argument("--n", type=int, default=2000, help="scene boxes per side (N x N pairs)")
-    p.add_argument("--dense-n", type=int, default=1000, help="dense-patch boxes per side")
+    p.add_argument("--dense_n", type=int, default=1000, help="dense-patch boxes per side")
     p.add_argument("--nms", type=int, default=5000, help="boxes fed to NMS")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--repeat", type=int, default=3)

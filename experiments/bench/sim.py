@@ -36,7 +36,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--frames", type=int, default=10)
     ap.add_argument("--agents", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--camera-repeats", type=int, default=2)
+    ap.add_argument("--camera_repeats", type=int, default=2)
     args = ap.parse_args(argv)
     agents = AgentParams(count=(args.agents, args.agents), rsu_probability=0.0)
     out = {}

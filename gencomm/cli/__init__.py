@@ -9,7 +9,9 @@ command runs from any directory of an installed wheel; none needs spconv unless 
 built. In a checkout ``python tools/<name>.py`` runs the same command.
 
 The substrate's commands (:mod:`opencood_ext.cli`) import no method; the functions below import
-:mod:`gencomm` first, which registers the GenComm link and onboarding, then run them.
+:mod:`gencomm` first, which registers the GenComm link and onboarding, then run them. A missing
+optional dependency (spconv for a SECOND model, open3d / scipy for the simulator) is one line saying
+what to install, exit status 2.
 
 =========================  ===========================================  ==========================
 console script             runs                                         checkout equivalent
@@ -42,7 +44,12 @@ Argv = Optional[Sequence[str]]
 def _run(module: str, argv: Argv) -> int:
     """``module.main(argv)`` after importing :mod:`gencomm` (GenComm joins the registries)."""
     import gencomm  # noqa: F401
-    return importlib.import_module(module).main(argv)
+    from opencood_ext.cli.errors import report
+    from opencood_ext.deps import MissingDependency
+    try:
+        return importlib.import_module(module).main(argv)
+    except MissingDependency as exc:
+        return report(exc)
 
 
 def train(argv: Argv = None) -> int:

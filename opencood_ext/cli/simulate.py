@@ -1,8 +1,8 @@
 """Record OPV2V-H-format datasets with the built-in simulator (no CARLA, no download).
 
     gencomm-sim -o DIR [--scenarios N] [--frames M] [--seed S]
-        [--split-ratio 0.6 0.2 0.2] [--no-cameras] [--camera-size WxH]
-        [--agent-types RIG.yaml]
+        [--split_ratio 0.6 0.2 0.2] [--no_cameras] [--camera_size WxH]
+        [--agent_types RIG.yaml]
 
 Writes ``DIR/{train,validate,test}/<scenario>/...`` (64-beam ``.pcd``,
 ``_32.pcd`` / ``_16.pcd``, ``_camera{i}.png``, ``_depth{i}.png``, ``.yaml``,
@@ -34,31 +34,32 @@ def _size(text: str):
     try:
         w, h = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--camera-size must look like 800x600, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"--camera_size must look like 800x600, got {text!r}") from None
     if w < 1 or h < 1:
-        raise argparse.ArgumentTypeError(f"--camera-size must be positive, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--camera_size must be positive, got {text!r}")
     return w, h
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="gencomm-sim", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-o", "--out", type=Path, required=True, help="dataset root to write")
     p.add_argument("--scenarios", type=int, default=4)
     p.add_argument("--frames", type=int, default=50, help="saved frames per scenario (10 Hz)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--split-ratio", type=float, nargs=3, default=(0.6, 0.2, 0.2), metavar=("TRAIN", "VAL", "TEST"))
-    p.add_argument("--no-cameras", action="store_true", help="LiDAR only (no _camera / _depth PNGs)")
-    p.add_argument("--camera-size", type=_size, default=None, help="WxH; intrinsics scale (default 800x600)")
-    p.add_argument("--agent-types", type=Path, default=DEFAULT_PATH, help="agent types and sensor rig yaml")
+    p.add_argument("--split_ratio", type=float, nargs=3, default=(0.6, 0.2, 0.2), metavar=("TRAIN", "VAL", "TEST"))
+    p.add_argument("--no_cameras", action="store_true", help="LiDAR only (no _camera / _depth PNGs)")
+    p.add_argument("--camera_size", type=_size, default=None, help="WxH; intrinsics scale (default 800x600)")
+    p.add_argument("--agent_types", type=Path, default=DEFAULT_PATH, help="agent types and sensor rig yaml")
     p.add_argument("--vehicles", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
                    help="moving vehicles per scenario (default 20 60)")
     p.add_argument("--layout", choices=LAYOUTS, default="junction",
                    help="where the connected vehicles go: 'junction' (ego approaching a junction, collaborators "
                         "on its other arms, so they see what the ego cannot) or 'free' (anywhere near the ego)")
-    p.add_argument("--points-per-second", type=int, default=None, help="override the LiDAR rate (faster tests)")
-    p.add_argument("--raster-res", type=float, default=0.25, help="ground raster cell, m")
-    p.add_argument("--no-shadows", action="store_true", help="skip camera shadow rays")
-    p.add_argument("--pcd-data", choices=("binary", "binary_compressed", "ascii"), default="binary")
+    p.add_argument("--points_per_second", type=int, default=None, help="override the LiDAR rate (faster tests)")
+    p.add_argument("--raster_res", type=float, default=0.25, help="ground raster cell, m")
+    p.add_argument("--no_shadows", action="store_true", help="skip camera shadow rays")
+    p.add_argument("--pcd_data", choices=("binary", "binary_compressed", "ascii"), default="binary")
     p.add_argument("--tree", choices=("flat", "heal"), default="flat",
                    help=f"'flat': every file beside the .yaml; 'heal': the 32/16-beam scans and depth images in "
                         f"HEAL's side tree, the output path with {HETERO_FROM} replaced by {HETERO_TO}")
@@ -72,15 +73,24 @@ def _rig_id(path: Path) -> str:
 
 
 def main(argv=None) -> int:
+    """Exit status 0, or 2 with one line on stderr for bad input (a missing or malformed rig file,
+    an output path --tree heal cannot use, a bad split ratio)."""
+    from opencood_ext.cli.errors import USER_ERRORS, report
     args = build_parser().parse_args(argv)
+    try:
+        return _record(args)
+    except (*USER_ERRORS, ValueError) as exc:
+        return report(exc)
+
+
+def _record(args) -> int:
     hetero = None
     if args.tree == "heal":
         hetero = hetero_tree(args.out)
         if hetero is None:
-            print(f"error: --tree heal: HEAL finds the 32/16-beam scans and depth images by replacing "
-                  f"{HETERO_FROM!r} with {HETERO_TO!r} in the dataset path, so the output path must contain "
-                  f"{HETERO_FROM!r} (e.g. -o data/{HETERO_FROM}); got {args.out}", file=sys.stderr)
-            return 2
+            raise ValueError(f"--tree heal: HEAL finds the 32/16-beam scans and depth images by replacing "
+                             f"{HETERO_FROM!r} with {HETERO_TO!r} in the dataset path, so the output path must "
+                             f"contain {HETERO_FROM!r} (e.g. -o data/{HETERO_FROM}); got {args.out}")
     sensors = load_agent_types(args.agent_types)
     if args.points_per_second is not None:
         sensors = replace(sensors, lidar=replace(sensors.lidar, points_per_second=args.points_per_second))
