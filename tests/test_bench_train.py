@@ -36,8 +36,21 @@ def test_rows_ratios_and_shares():
             res[f"m1_gencomm_bf16_{phase}_s"] / res[f"m1_intermediate_bf16_{phase}_s"])
     for short in ("train", "inference"):
         shares = [res[f"m1_gencomm_{short}_share_{n}"]
-                  for n in ("encoders", "message_extractor", "generator", "enhancer")]
+                  for n in ("encoders", "message_extractor", "generator", "enhancer", "warp", "fusion")]
         assert all(0 < s < 1 for s in shares) and sum(shares) < 1
+        # the deformable convolutions are part of the message extractors
+        assert 0 < res[f"m1_gencomm_{short}_share_deform_sampling"] < res[f"m1_gencomm_{short}_share_message_extractor"]
+    # the figures side by side: time and FLOP ratios, their quotient, the time ratio's spread
+    phases = {"train": ("train_step", "forward"), "inference": ("inference_frame", "inference")}
+    for short, (phase, flops) in phases.items():
+        key = f"m1_gencomm_over_intermediate_{short}"
+        assert res[f"{key}_time"] == res[f"m1_gencomm_over_intermediate_{phase}"]
+        assert res[f"{key}_flops"] == pytest.approx(
+            res[f"m1_gencomm_{flops}_gflops"] / res[f"m1_intermediate_{flops}_gflops"])
+        assert res[f"{key}_time_over_flops"] == pytest.approx(res[f"{key}_time"] / res[f"{key}_flops"])
+        assert res[f"{key}_time_min"] <= res[f"{key}_time"] <= res[f"{key}_time_max"]
+    assert list(res)[-6] == "m1_gencomm_over_intermediate_inference_time_max"  # printed last, before the setup
+    assert res["m1_gencomm_inference_gflops"] > res["m1_intermediate_inference_gflops"] > 0
     # the sim config's generator and the override's
     assert res["m1_gencomm_generator_params"] == 69_616
     assert res["m1_gencomm_ref_generator_params"] == 43_176

@@ -27,8 +27,19 @@ batch (:mod:`opencood_ext.eval.flops`, deformable sampling included), with GenCo
 encoders, message extractors, generators and enhancers (``<t>_gencomm_forward_gflops_*``): the
 floor no implementation of the same layers goes under. ``<t>_gencomm_{train,inference}_share_*``:
 the part of GenComm's forward pass (``model.forward`` in the training step; all of ``predict``)
-spent in the encoders, the message extractors, the generators and the enhancers (forward hooks, timed over the same
-repetitions). On CUDA every timed call and hook ends with a synchronize; m3 (SECOND) on
+spent in the encoders, the message extractors (``deform_sampling``: their deformable convolutions
+alone), the generators (the diffusion UNet and its step loop), the enhancers, GenComm's warps
+(``gencomm.link.warp_to_ego``) and the fusion op (forward hooks and a wrapped warp, timed over the
+same repetitions).
+
+The issue's figures, side by side (``<t>_gencomm_over_intermediate_`` ...):
+``train_time`` / ``train_flops`` and ``inference_time`` / ``inference_flops``, with
+``{train,inference}_time_over_flops`` (the target: at most 1.1) and the spread of the time ratio
+over the repetitions (``train_time_min`` / ``_max``: each repetition's GenComm time over the
+intermediate time of the same rotation). Training FLOPs are the forward pass's on the training
+batch (a layer's backward is twice its forward for both models, so the ratio is the forward's);
+inference FLOPs are ``predict``'s on the evaluation batch (``<t>_<model>_inference_gflops``).
+On CUDA every timed call and hook ends with a synchronize; m3 (SECOND) on
 CUDA needs a CUDA build of spconv (spconv-cu12x).
 """
 from __future__ import annotations
@@ -50,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import gencomm  # noqa: E402,F401  (registers the GenComm link)
+import gencomm.link as gencomm_link  # noqa: E402
 from opencood_ext.data.batch import collate_samples  # noqa: E402
 from opencood_ext.data.dataset import CooperativeDataset  # noqa: E402
 from opencood_ext.eval.flops import flops_during  # noqa: E402
@@ -123,6 +135,19 @@ class _ModuleTimer:
             _sync(self.device)
             mod._bench_t0 = self.clock()
 
+    def wrap(self, name: str, fn: Callable) -> Callable:
+        """``fn`` with its time added to ``total[name]`` while enabled (a function, not a module)."""
+        def timed(*args, **kwargs):
+            if not self.enabled:
+                return fn(*args, **kwargs)
+            _sync(self.device)
+            t0 = self.clock()
+            out = fn(*args, **kwargs)
+            _sync(self.device)
+            self.total[name] += self.clock() - t0
+            return out
+        return timed
+
     def _post(self, name):
         def hook(mod, args, out):
             if self.enabled:
@@ -134,11 +159,24 @@ class _ModuleTimer:
 def _gencomm_groups(model) -> Dict[str, List[torch.nn.Module]]:
     link = model.link
     return {"forward": [model], "encoders": list(model.encoders.values()),
-            "message_extractor": list(link.dme.values()),
-            "generator": list(link.safg.values()), "enhancer": list(link.enhancer.values())}
+            "message_extractor": list(link.dme.values()), "deform_sampling": [d.deform for d in link.dme.values()],
+            "generator": list(link.safg.values()), "enhancer": list(link.enhancer.values()), "fusion": [model.fuse]}
+
+
+SHARES = ("encoders", "message_extractor", "deform_sampling", "generator", "enhancer", "warp", "fusion")
 
 
 def main(argv=None) -> dict:
+    """Run the benchmark; -> the rows (module docstring). GenComm's warp is timed through a wrapper
+    of ``gencomm.link.warp_to_ego`` that is removed again on return."""
+    real_warp = gencomm_link.warp_to_ego
+    try:
+        return _run(argv)
+    finally:
+        gencomm_link.warp_to_ego = real_warp
+
+
+def _run(argv) -> dict:
     p = argparse.ArgumentParser(prog="bench train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--agents", type=int, default=3)
@@ -172,6 +210,7 @@ def main(argv=None) -> dict:
         raise SystemExit("--clock cpu measures CPU devices only")
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     res: Dict[str, object] = {}
+    summary: Dict[str, float] = {}
     variants = [("none", "none", None), ("intermediate", "intermediate", None), ("gencomm", "gencomm", args.link)]
     variants += [(f"gencomm_{name}", "gencomm", link) for name, link in args.also]
     for t in args.types.split(","):
@@ -204,12 +243,16 @@ def main(argv=None) -> dict:
             # arithmetic, not time: GFLOPs of one training-batch forward pass (eval mode), whole and by part
             forward = lambda model=model, batch=batches[True]: model(batch)  # noqa: E731
             res[f"{t}_{tag}_forward_gflops"] = flops_during([model], forward) / 1e9
+            model.eval()
+            predict = lambda model=model, batch=batches[False]: model.predict(batch)  # noqa: E731
+            res[f"{t}_{tag}_inference_gflops"] = flops_during([model], predict) / 1e9
             if tag == "gencomm":
                 groups = _gencomm_groups(model)
                 for name, mods in groups.items():
                     if name != "forward":
                         res[f"{t}_gencomm_forward_gflops_{name}"] = flops_during(mods, forward) / 1e9
                 timer = _ModuleTimer(groups, device, clock)
+                gencomm_link.warp_to_ego = timer.wrap("warp", gencomm_link.warp_to_ego)
         for tag, kind, _ in variants:
             if kind == "gencomm":
                 res[f"{t}_{tag}_over_intermediate_forward_gflops"] = \
@@ -245,8 +288,15 @@ def main(argv=None) -> dict:
             # the whole of predict() is the inference pass; in training, model.forward (no loss, backward)
             short, whole = ("train", timer.total["forward"]) if phase == "train_step" \
                 else ("inference", sum(times["gencomm"]))
-            for name in ("encoders", "message_extractor", "generator", "enhancer"):
+            for name in SHARES:
                 res[f"{t}_gencomm_{short}_share_{name}"] = timer.total[name] / whole
+            per_rep = [g / i for g, i in zip(times["gencomm"], times["intermediate"])]
+            flops = "forward" if short == "train" else "inference"
+            side = {"time": res[f"{t}_gencomm_over_intermediate_{phase}"],
+                    "flops": res[f"{t}_gencomm_{flops}_gflops"] / res[f"{t}_intermediate_{flops}_gflops"]}
+            side.update(time_over_flops=side["time"] / side["flops"], time_min=min(per_rep), time_max=max(per_rep))
+            summary.update({f"{t}_gencomm_over_intermediate_{short}_{k}": v for k, v in side.items()})
+    res.update(summary)  # last, so the printed table ends with the side-by-side figures
     res["agents_per_sample"] = args.agents
     res["threads"] = torch.get_num_threads()
     res["clock"] = args.clock
