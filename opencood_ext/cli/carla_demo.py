@@ -30,6 +30,8 @@ import os
 import sys
 from pathlib import Path
 
+from opencood_ext.run_folder import RunFolder
+
 log = logging.getLogger("carla_demo")
 
 
@@ -77,8 +79,9 @@ def _overrides(args) -> list:
 
 
 def cmd_live(args) -> int:
-    if not (args.model_dir / "config.yaml").is_file():
-        print(f"error: {args.model_dir}: no config.yaml; is this a run folder written by gencomm-train?",
+    config = RunFolder(args.model_dir).config
+    if not config.is_file():
+        print(f"error: {args.model_dir}: no {config.name}; is this a run folder written by gencomm-train?",
               file=sys.stderr)
         return 2
     # the world first: without a CARLA server (--backend carla) the user hears it within --timeout,
