@@ -25,13 +25,14 @@ from opencood_ext.eval.flops import count_parameters
 from opencood_ext.models import build
 from opencood_ext.models.detector import FUSION_OPS
 from experiments.bench.gencomm_modules import _fwd_bwd, _time_ms, timing_parser
+from opencood_ext.config_files import resolve_config
 
-ROOT = Path(__file__).resolve().parents[2]
-SIM_SETTING = ROOT / "configs" / "sim" / "fusion_v2xvit.yaml"
+ROOT = Path(__file__).resolve().parents[2]  # a checkout: --configs' train steps use tests/synthetic.py
+SIM_SETTING = "sim/fusion_v2xvit.yaml"  # a shipped config, found by name (checkout or installed)
 
 
 def _specs() -> Dict[str, dict]:
-    sim = yaml.safe_load(SIM_SETTING.read_text())["model"]
+    sim = yaml.safe_load(resolve_config(SIM_SETTING).read_text())["model"]
     return {"max": {"type": "max"}, "att": {"type": "att"},
             "v2xvit_sim": {"type": sim["fusion_op"], **sim["fusion_args"]},
             "v2xvit_reference": {"type": "v2xvit"}}

@@ -38,10 +38,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 DEFAULT_POSES = "0,0,0;1,0,0;0.5,0,0;0.5,0.5,0;0.25,0,0;0,0,10;0,0,30;0,0,45;0,0,90;0,0,180"
 
 
