@@ -216,6 +216,13 @@ try:
     train(["--help"])
 except SystemExit as exc:
     assert exc.code == 0
+import contextlib, io
+assert train(["-y", "opv2v_h/gencomm_stage1_m1", "--dry_run"]) == 0  # PointPillars: no spconv needed
+err = io.StringIO()
+with contextlib.redirect_stderr(err):  # SECOND: one line saying what to install, exit status 2
+    status = train(["-y", "opv2v_h/gencomm_stage1_m3", "--dry_run"])
+lines = [ln for ln in err.getvalue().splitlines() if ln.strip() and " INFO " not in ln]
+assert status == 2 and len(lines) == 1 and "pip install spconv" in lines[0], (status, err.getvalue())
 try:
     build({"type": "second", "voxel_size": [0.4, 0.4, 0.5]}, opencood_ext.models.ENCODERS, "m3", lidar_range=R)
 except ImportError as exc:
@@ -226,8 +233,9 @@ else:
 
 
 def test_everything_but_a_second_model_works_without_spconv(tmp_path):
-    """Every module of the three packages imports, a PointPillars encoder builds and runs and a
-    command prints its help while ``import spconv`` fails; building SECOND says what to install."""
+    """Every module of the three packages imports, a PointPillars encoder builds and runs, a command
+    prints its help and a PointPillars config's --dry_run works while ``import spconv`` fails;
+    building SECOND says what to install (gencomm-train: one line, exit status 2)."""
     res = _run_python(WITHOUT_SPCONV, tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "spconv-cu126" in res.stdout and "pip install spconv" in res.stdout
