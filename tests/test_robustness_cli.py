@@ -132,6 +132,7 @@ def test_tables_show_intervals_when_present():
 
 def test_report_section_from_robustness_json(tmp_path):
     from experiments.report import robustness_section
+    from experiments.results import ResultRow
     assert robustness_section(tmp_path) == []
     (tmp_path / "robustness").mkdir()
     (tmp_path / "robustness" / "robustness.json").write_text(json.dumps(_data(False)))
@@ -142,57 +143,7 @@ def test_report_section_from_robustness_json(tmp_path):
     assert "Late fusion +0.000, GenComm +0.002" in text  # drop 1 against collaborators off, AP@0.5
     assert "earlier invocation" not in text
     swept = sorted({str(Path(r["run_dir"]).parent) for r in _data(False)["runs"]})
-    same = [{"run": str(Path(d) / "x")} for d in swept]
+    same = [ResultRow("x", {}, 0.0, 0, run=str(Path(d) / "x")) for d in swept]
     assert "earlier invocation" not in "\n".join(robustness_section(tmp_path, same))
-    other = "\n".join(robustness_section(tmp_path, [{"run": "/results/runs/seed1/m1_none"}]))
+    other = "\n".join(robustness_section(tmp_path, [ResultRow("x", {}, 0.0, 0, run="/results/runs/seed1/m1_none")]))
     assert "This sweep comes from an earlier invocation, on the runs in `" + swept[0] in other
-
-
-def test_main_job_sweeps_every_method_row(tmp_path, monkeypatch):
-    from experiments import pipeline as reproduce
-    calls = []
-    monkeypatch.setattr(reproduce, "_run", calls.append)
-    rows = [{"method": "No fusion", "run": "/r/none", "eval": {"fusion": "none"}},
-            {"method": "GenComm (m3 onboarded)", "run": "/r/gc", "eval": {"fusion": "intermediate"}}]
-    path = reproduce.robustness_sweep(rows, tmp_path / "rob", reproduce.PROFILES["quick"], seed=3)
-    cmd = calls[0]
-    assert path == tmp_path / "rob" / "robustness.json" and cmd[1] == "tools/robustness.py"
-    assert "No fusion=/r/none:none" in cmd and "GenComm (m3 onboarded)=/r/gc:intermediate" in cmd
-    assert cmd[cmd.index("--channel_seed") + 1] == "3" and "eval.max_frames=3" in cmd
-    quick = {k: cmd[cmd.index(f"--{k}") + 1] for k in EFFECTS}
-    assert quick == {"noise": "0,0.6", "latency": "0,3", "drop": "0,1"}
-    calls.clear()
-    reproduce.robustness_sweep(rows, tmp_path / "rob", reproduce.PROFILES["default"], seed=0)
-    assert not any(f"--{k}" in calls[0] for k in EFFECTS)  # the default levels
-
-
-def test_sweep_reuses_by_the_run_folder_stamp(run, tmp_path, monkeypatch):
-    """The sweep's reuse rule is the main job's: same command, code and inputs (the run's config and
-    checkpoints, the test data). A code change, an edited test frame or another data.root evaluates again."""
-    import yaml
-    from opencood_ext.eval import robustness as sweep_module
-    from opencood_ext.run_folder import RunFolder
-    out = tmp_path / "rob"
-    args = ["--runs", f"Late={run}:late", "--sweep", "drop", "-o", str(out), "--no_progress", "--drop", "0.5"]
-
-    def reused():
-        assert robustness.main(args) == 0
-        return _points(json.loads((out / "robustness.json").read_text()), "drop", "Late")[0]["reused"]
-
-    reused()
-    folder = RunFolder(run)
-    stamp = json.loads(folder.stamp("late_drop0.5").read_text())
-    assert stamp["command"][:2] == ["gencomm-infer", "--model_dir"] and stamp["num_files"] > 2
-    assert reused()
-    monkeypatch.setattr(sweep_module, "code_digest", lambda: "an edited source tree")
-    assert not reused() and reused()
-    data = Path(yaml.safe_load(folder.config.read_text())["data"]["root"])
-    frame = sorted((data / "test").rglob("*.pcd"))[0]
-    os.utime(frame, ns=(frame.stat().st_atime_ns, frame.stat().st_mtime_ns + 10**9))
-    assert not reused() and reused()
-    import shutil
-    copy = tmp_path / "data_copy"
-    shutil.copytree(data, copy)
-    args += ["--set", f"data.root={copy}"]
-    assert not reused() and reused()
-    assert json.loads(folder.stamp("late_drop0.5").read_text())["command"][-2:] == ["--set", f"data.root={copy}"]
