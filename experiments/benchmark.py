@@ -28,8 +28,7 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from opencood_ext.eval.dynamic import alliance_label
-from opencood_ext.runs import run_files
+from opencood_ext.run_folder import DYNAMIC, RunFolder, evaluation_label
 
 from .results import ResultRow
 from .steps import Command, sets
@@ -53,19 +52,12 @@ def stage2_config(family: str, method: str, types: Sequence[str] = TYPES, config
 
 
 def _dynamic(run: Path) -> List[dict]:
-    return json.loads((run / "eval_dynamic.json").read_text())
-
-
-def _resumable(out: Path, runs: Sequence[Path]) -> dict:
-    """``run_cmd`` keywords of a dynamic evaluation into ``out`` of the runs ``runs``: skipped on a
-    rerun when nothing it reads changed (:func:`experiments.steps.run_step`)."""
-    return {"stamp": out / "eval_dynamic.inputs.json", "reads": [f for r in runs for f in run_files(r)],
-            "makes": [out / "eval_dynamic.json"]}
+    return RunFolder(run).read_evaluation(DYNAMIC)
 
 
 def _row(name: str, run: Path, dynamic: List[dict], note: str, **extra) -> ResultRow:
     """A results row: ``eval`` is its last alliance's evaluation (ap, ap_ci, bytes, frames file)."""
-    full = json.loads((run / f"eval_{alliance_label(dynamic[-1]['types'])}.json").read_text())
+    full = RunFolder(run).read_evaluation(evaluation_label(alliance=dynamic[-1]["types"]))
     return ResultRow(method=name, table="heterogeneous", run=str(run), eval=full, note=note,
                      dynamic=[{k: d[k] for k in ("types", "ap", "ap_ci", "bytes_per_message", "onboard_params",
                                                  "onboard_gflops", "frames", "num_scenes") if k in d} for d in dynamic],
@@ -82,8 +74,8 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
     stage1: GenComm's stage-1 run per type; competitor_stage1: the full-feature stage-1 run per
     type the other methods start from (None: GenComm's; their run folders then lack the
     ``_own_stage1`` suffix, so the two protocols never share a folder). run_cmd: runs one
-    :class:`~experiments.steps.Command` (raises on failure); evaluations also pass it ``stamp``,
-    ``reads`` and ``makes`` (skip when done, :func:`experiments.steps.run_step`); configs: the
+    :class:`~experiments.steps.Command` (raises on failure); evaluations run ``gencomm-infer
+    --reuse`` (skipped when their stamp is current, :class:`opencood_ext.run_folder.RunFolder`); configs: the
     configs root (default: the shipped configs). overrides: ``--set`` items for every step (data root, quick-profile
     caps); onboard_overrides: extra ones for onboarding only; eval_overrides: extra ones for
     evaluation only (e.g. the separate test set's data root); types: the alliance in joining
@@ -107,9 +99,8 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
         if onboard_epochs is not None:
             argv += ["--epochs", str(onboard_epochs)]
         run_cmd(Command("gencomm-onboard", argv))
-        run_cmd(Command("gencomm-infer", ["--model_dir", run, "--dynamic", order, *eval_sets]),
-                **_resumable(run, [run]))
-        ob = json.loads((run / "onboarding.json").read_text())
+        run_cmd(Command("gencomm-infer", ["--model_dir", run, "--dynamic", order, "--reuse", *eval_sets]))
+        ob = json.loads(RunFolder(run).onboarding_report.read_text())
         origin = "full-feature stage-1 runs" if own else "GenComm's stage-1 runs"
         rows.append(_row(f"{name} ({joined} onboarded)", run, _dynamic(run), f"stage 2 ({method}) from {origin}",
                          trainable_params=ob["trainable_params_total"],
@@ -118,15 +109,13 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
                          stage1="full_feature" if own else "gencomm"))
     late = runs / ("late_of_stage1" if types == list(TYPES) else f"late_of_stage1_{''.join(types)}")
     run_cmd(Command("gencomm-infer", [*[a for t in types for a in ("--late_of", f"{t}={stage1[t]}")],
-                                      "-o", late, "--dynamic", order, *eval_sets]),
-            **_resumable(late, [stage1[t] for t in types]))
+                                      "-o", late, "--dynamic", order, "--reuse", *eval_sets]))
     rows.append(_row("Late fusion (stage-1 models)", late, _dynamic(late),
                      "each agent detects with its own stage-1 run; nothing trained", trainable_params=0,
                      train_wall_s=0.0))
     alone = runs / "none_of_stage1"
     run_cmd(Command("gencomm-infer", ["--late_of", f"{types[0]}={stage1[types[0]]}", "-o", alone,
-                                      "--fusion_method", "none", "--dynamic", types[0], *eval_sets]),
-            **_resumable(alone, [stage1[types[0]]]))
+                                      "--fusion_method", "none", "--dynamic", types[0], "--reuse", *eval_sets]))
     row = _row(f"No fusion ({types[0]} stage-1 model)", alone, _dynamic(alone), "the ego alone: the same AP for every "
                "alliance", trainable_params=0, train_wall_s=0.0)
     row.dynamic = [dict(row.dynamic[0], types=types[:k + 1]) for k in range(len(types))]

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from opencood_ext.runs import run_files
+from opencood_ext.run_folder import RunFolder, evaluation_label
 from opencood_ext.training.runlog import training_wall_time
 
 from .profiles import BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE2, TEST_SEED_OFFSET, Profile
@@ -60,11 +60,12 @@ def train(config: Path, run: Path, data: Path, profile: Profile) -> float:
 
 
 def evaluate_run(run: Path, fusion: str, profile: Profile) -> dict:
-    """Evaluate ``run`` with ``fusion`` (skipped when a resumed job finds it done, see :func:`run_step`)."""
-    name = f"eval_{'none' if fusion == 'no' else fusion}"
-    run_step(Command("gencomm-infer", ["--model_dir", run, "--fusion_method", fusion, *sets(profile.overrides)]),
-             stamp=run / f"{name}.inputs.json", reads=run_files(run), makes=[run / f"{name}.json"])
-    return json.loads((run / f"{name}.json").read_text())
+    """Evaluate ``run`` with ``fusion``. ``gencomm-infer --reuse`` skips it when the evaluation's stamp
+    (command, code, the run's files and the test data: :class:`opencood_ext.run_folder.RunFolder`)
+    shows nothing changed, the one reuse rule the robustness sweep and the benchmark use too."""
+    run_step(Command("gencomm-infer", ["--model_dir", run, "--fusion_method", fusion, "--reuse",
+                                       *sets(profile.overrides)]))
+    return RunFolder(run).read_evaluation(evaluation_label(fusion))
 
 
 def ego_only(run: Path, fusion: str, res: dict, profile: Profile) -> dict:
@@ -89,11 +90,11 @@ def robustness_sweep(rows: Sequence[ResultRow], out: Path, profile: Profile, see
 def count_trainable(run: Path) -> int:
     """Parameters a run trained: an onboarding run's from its onboarding.json; a run of
     gencomm-train trains every parameter of its model."""
-    report = run / "onboarding.json"
+    report = RunFolder(run).onboarding_report
     if report.is_file():
         return int(json.loads(report.read_text())["trainable_params_total"])
     from opencood_ext.experiment import build_model, load_experiment
-    model = build_model(load_experiment(run / "config.yaml"))
+    model = build_model(load_experiment(RunFolder(run).config))
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
@@ -149,7 +150,7 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
     if profile.onboard_epochs is not None:
         argv += ["--epochs", str(profile.onboard_epochs)]
     steps.run("onboard m3 (GenComm)", run_step, Command("gencomm-onboard", argv))
-    onboarding = json.loads((onboard_run / "onboarding.json").read_text())
+    onboarding = json.loads(RunFolder(onboard_run).onboarding_report.read_text())
     res = steps.run("evaluate onboard_gencomm_m3", evaluate_run, onboard_run, "intermediate", evaluation)
     rows.append(ResultRow(method="GenComm (m3 onboarded)", run=str(onboard_run), eval=res,
                           ego_only=ego_only(onboard_run, "intermediate", res, evaluation),

@@ -14,6 +14,7 @@ import matplotlib
 import yaml
 
 from opencood_ext.eval.localisation import FOUND_IOU
+from opencood_ext.run_folder import RunFolder
 
 from .report_cells import ap_cell, differences, fmt_bytes
 from .report_hetero import hetero_section
@@ -33,7 +34,7 @@ def _note(row: ResultRow) -> str:
     config.yaml (what the row was actually trained with); the note alone when there is no run folder."""
     if not row.run:
         return row.note
-    path = Path(row.run) / "config.yaml"
+    path = RunFolder(row.run).config
     if not path.is_file():
         return f"{row.note}; {path} missing"
     cfg = yaml.safe_load(path.read_text())

@@ -7,22 +7,20 @@ python / numpy / torch random states, the root logger) restored afterwards, so o
 leaks into the next. A nonzero exit status, an argparse exit or an exception stops the job with a
 :class:`StepError` whose one line holds the step's command line.
 
-With a stamp, a step is skipped when the stamp records the same command, code and inputs
-(:func:`step_inputs`) and its outputs exist: the resumability rule of the main job's evaluations.
+Resuming is the programs' own business, one rule each: ``gencomm-train`` skips a finished run,
+``gencomm-sim`` finished scenarios, and ``gencomm-infer --reuse`` an evaluation whose stamp (command,
+code, the run's files and the test data; :class:`opencood_ext.run_folder.RunFolder`) is current.
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import random
 import shlex
 from dataclasses import dataclass
 from importlib import import_module
-from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -89,61 +87,6 @@ def sets(items: Sequence[str]) -> List[str]:
     return [a for item in items for a in ("--set", item)]
 
 
-def _data_root(cmd: Command) -> Optional[Path]:
-    """The data a command reads: its last ``--set data.root=...`` (later overrides win); with a
-    ``test`` split folder, only that split (evaluations read nothing else)."""
-    roots = [a.split("=", 1)[1] for a in cmd.argv if a.startswith("data.root=")]
-    if not roots:
-        return None
-    root = Path(roots[-1])
-    return root / "test" if (root / "test").is_dir() else root
-
-
-def _listing(paths: Sequence[Path]) -> Tuple[str, int]:
-    """(sha256 over path, size and mtime of every file under ``paths``, number of files); a missing
-    path counts as an entry of its own, so its later appearance changes the digest."""
-    h, n = hashlib.sha256(), 0
-    for top in paths:
-        top = Path(top)
-        files = sorted(f for f in top.rglob("*") if f.is_file()) if top.is_dir() else [top] if top.is_file() else []
-        if not files:
-            h.update(f"missing {top}\n".encode())
-        for f in files:
-            st = f.stat()
-            h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-            n += 1
-    return h.hexdigest(), n
-
-
-def source_packages() -> List[Path]:
-    """The folders of the Python packages a step runs (found through their ``__file__``, so this
-    works from a checkout and from an installed wheel alike)."""
-    import experiments
-    import opencood_ext
-    return [Path(m.__file__).resolve().parent for m in (opencood_ext, gencomm, experiments)]
-
-
-def code_digest() -> str:
-    """sha256 over the Python sources of :func:`source_packages`, by path inside each package's
-    parent: an edit there redoes the stamped steps, a change elsewhere (docs, tests) does not."""
-    h = hashlib.sha256()
-    for pkg in source_packages():
-        for f in sorted(pkg.rglob("*.py")):
-            h.update(f"{f.relative_to(pkg.parent)}\0".encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()
-
-
-def step_inputs(cmd: Command, reads: Sequence[Path]) -> Optional[dict]:
-    """What a step's result depends on: the command, the code, and every file it reads (the runs in
-    ``reads`` and the data of its ``data.root``); None when the command names no data root."""
-    data = _data_root(cmd)
-    if data is None:
-        return None
-    digest, n = _listing([*reads, data])
-    return {"command": cmd.words(), "code": code_digest(), "files": digest, "num_files": n}
-
-
 @contextlib.contextmanager
 def isolated() -> Iterator[None]:
     """Restores, after the block, the process state a command-line program may change."""
@@ -185,26 +128,6 @@ def call(cmd: Command) -> None:
         raise StepError(f"step failed (exit {status}): {cmd.line()}")
 
 
-def run_step(cmd: Command, stamp: Optional[Path] = None, reads: Sequence[Path] = (),
-             makes: Sequence[Path] = ()) -> None:
-    """Run one step. With ``stamp``: skipped when ``stamp`` records the same command, code and
-    inputs (size and mtime of every file under ``reads`` and the command's data root) and every
-    output in ``makes`` exists; after a run the stamp is (re)written. Evaluations pass one, so a
-    resumed main job does not redo them; training steps need none (a finished run is skipped by
-    ``gencomm-train`` itself)."""
-    want = step_inputs(cmd, reads) if stamp is not None else None
-    if want is not None and stamp.is_file() and all(Path(m).is_file() for m in makes):
-        try:
-            done = json.loads(stamp.read_text())
-        except (OSError, ValueError):
-            done = None
-        if done == want:
-            log.info("skip (done; command, code and inputs unchanged since %s): %s", stamp, cmd.line())
-            return
-    if want is not None:
-        stamp.unlink(missing_ok=True)  # an interrupted rerun must not leave the old stamp on new outputs
+def run_step(cmd: Command) -> None:
+    """Run one step (:func:`call`); what a resumed job finds done, the program itself skips."""
     call(cmd)
-    if want is not None:
-        tmp = stamp.with_name(stamp.name + ".tmp")
-        tmp.write_text(json.dumps(want, indent=1))
-        os.replace(tmp, stamp)

@@ -121,6 +121,8 @@ def test_competitors_start_from_their_own_stage1_runs(tmp_path):
         assert cmd.value("--ego") == str(start["m1"]) and cmd.value("--new") == str(start["m3"])
         out = cmd.value("-o")
         assert out.endswith("_m3") if cfg.startswith("gencomm") else out.endswith("_m3_own_stage1")
+    evaluations = [c for c in log if c.program == "gencomm-infer"]
+    assert len(evaluations) == len(METHODS) + 2 and all("--reuse" in c for c in evaluations)
     notes = {r.method: r.note for r in rows}
     assert "from full-feature stage-1 runs" in notes["BackAlign (m3 onboarded)"]
     assert "from GenComm's stage-1 runs" in notes["GenComm (m3 onboarded)"]

@@ -75,10 +75,13 @@ def test_every_step_program_is_a_command_line_main():
         Command("tools/train.py", [])
 
 
-def test_the_code_stamp_hashes_the_packages_wherever_they_are_installed():
-    found = steps.source_packages()
-    assert [p.name for p in found] == ["opencood_ext", "gencomm", "experiments"] and all(p.is_dir() for p in found)
-    assert steps.code_digest() == steps.code_digest()
+def test_every_evaluation_of_the_main_job_reuses_by_the_run_folders_rule(tmp_path, monkeypatch):
+    """The driver keeps no reuse rule of its own: each evaluation is ``gencomm-infer --reuse``."""
+    calls = []
+    monkeypatch.setattr(steps, "call", calls.append)
+    monkeypatch.setattr(pipeline.RunFolder, "read_evaluation", lambda self, label: {"label": label})
+    assert pipeline.evaluate_run(tmp_path / "run", "no", PROFILES["quick"]) == {"label": "none"}
+    assert calls[0].program == "gencomm-infer" and "--reuse" in calls[0]
 
 
 def test_the_robustness_sweep_runs_every_row_in_process(tmp_path, monkeypatch, no_subprocess):

@@ -11,14 +11,11 @@ SCANNED = ("opencood_ext", "gencomm", "experiments", "tools")
 OWNER = "opencood_ext/run_folder.py"
 NAMES = {"config.yaml", "checkpoints", "best.pth", "latest.pth", "last.pth", "imported.pth", "onboarding.json",
          "import_report.json", "train_log.jsonl", ".writer.lock", "tb", "eval_dynamic.json"}
+REPORT_FILES = {"pr_curves.png"}  # results/pr_curves.png: the main job's report figure, in no run folder
 PATTERN = re.compile(r"^/?(eval_\S*|pr_(\S*\.png)?|epoch_(\S*\.pth)?|net_epoch\S*)$|\S*(\.inputs\.json|_frames\.npz)$")
-# Files still building run-folder names themselves when the run folder module landed: the experiment
-# driver moved out of gencomm/ (helper B) and command-line programs being repackaged (helper C). The
-# lead empties this set once those files call opencood_ext.run_folder.RunFolder.
-PENDING = {
-    "experiments/benchmark.py", "experiments/pipeline.py", "experiments/report.py",
-    "opencood_ext/cli/onboard.py", "opencood_ext/cli/carla_demo.py",
-}
+# Files allowed, for now, to build run-folder names themselves (each with the reason); empty: every
+# module goes through opencood_ext.run_folder.RunFolder.
+PENDING: set = set()
 
 
 def _docstrings(tree: ast.AST) -> set:
@@ -34,7 +31,7 @@ def _docstrings(tree: ast.AST) -> set:
 def is_name(text: str) -> bool:
     """Whether a literal (or a literal piece of an f-string) is a run-folder file name."""
     text = text.strip()
-    return text.lstrip("/") in NAMES or bool(PATTERN.match(text))
+    return text not in REPORT_FILES and (text.lstrip("/") in NAMES or bool(PATTERN.match(text)))
 
 
 def literal_sites(source: str) -> List[str]:

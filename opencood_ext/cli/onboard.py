@@ -68,6 +68,7 @@ def _onboard(args, plan) -> int:
     from opencood_ext.training import distributed as D
     from opencood_ext.training.checkpoint import seed_everything
     from opencood_ext.training.trainer import Trainer
+    from opencood_ext.run_folder import RunFolder
 
     seed_everything(plan.config.train.seed)  # before the model is built (parameters not taken from stage 1)
     try:
@@ -85,7 +86,7 @@ def _onboard(args, plan) -> int:
     summary = policy.summary(model)
     if D.is_main_process():
         args.out.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, args.out / "config.yaml")
+        dump_config(cfg, RunFolder(args.out).config)
     result = trainer.fit()
     if D.is_main_process():
         per_type = trainable_per_type(plan, model)
@@ -98,7 +99,7 @@ def _onboard(args, plan) -> int:
                   "frozen_params": summary.frozen, "frozen_batchnorm_layers": len(summary.frozen_batchnorms),
                   "onboarding_wall_time_s": onboard_wall, "stage1_wall_time_s": stage1,
                   "epochs": result.epochs_done}
-        (args.out / "onboarding.json").write_text(json.dumps(report, indent=2))
+        RunFolder(args.out).onboarding_report.write_text(json.dumps(report, indent=2))
         print(f"onboarded {', '.join(plan.new_types)} into {plan.ego_type}'s alliance with {plan.method.name} "
               f"-> {args.out}")
         for t, n in per_type.items():
