@@ -98,7 +98,7 @@ KEYS: Dict[str, Rule] = {
     "add_data_extension": Dropped("extra per-frame files (camera visibility masks) the models here do not read"),
     "data_augment": Dropped("HEAL's intermediate-fusion dataset does not apply it (only late and early "
                             "fusion do); augmentation is switched off to match"),
-    "noise_setting.add_noise": Fixed((False,), "pose noise at training time (evaluate with --pose-noise-m)"),
+    "noise_setting.add_noise": Fixed((False,), "pose noise at training time (evaluate with gencomm-infer --pose_noise M,DEG)"),
     "ego_diff_cav": Approx("data.modality", "the ego draws its own type, collaborators the assignment; "
                            "our types come from data.modality for every agent"),
     # ---------------------------------------------------------------- heterogeneous setting
