@@ -31,7 +31,7 @@ from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.formats import write_opv2v_frame
 from opencood_ext.experiment import build_dataset, build_model, load_experiment
 from opencood_ext.training.checkpoint import load_checkpoint, save_checkpoint
-from synthetic import make_frame
+from opencood_ext.data.synthetic import make_frame
 from tiny_runs import PP, tiny_config
 
 TEST_FRAMES = [("tst_a", "000068", 0, 3), ("tst_a", "000070", 1, 3), ("tst_a", "000072", 2, 3),

@@ -10,7 +10,7 @@ from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataCon
 from opencood_ext.data.augment import AugmentConfig
 from opencood_ext.models.warp import warp_to_ego
 from opencood_ext.models.detector import CooperativeDetector
-from synthetic import SyntheticReader
+from opencood_ext.data.synthetic import SyntheticReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.bench.warp_sensitivity import parse_poses, pose_matrix, virtual_input  # noqa: E402

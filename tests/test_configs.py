@@ -14,7 +14,7 @@ import yaml
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset
 from opencood_ext.experiment import build_model, cooperation_for, load_experiment
-from synthetic import SyntheticReader
+from opencood_ext.data.synthetic import SyntheticReader
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 EXPERIMENTS = sorted(p for p in CONFIGS.rglob("*.yaml") if "name" in (yaml.safe_load(p.read_text()) or {}))

@@ -17,7 +17,7 @@ from opencood_ext.data.errors import DataFaultError, DataFaultWarning, DataForma
 from opencood_ext.data.formats import DairV2XReader, OPV2VReader, V2XRealReader, read_pcd, write_pcd
 from opencood_ext.data.formats.opv2v_writer import write_opv2v_frame
 from opencood_ext.data.formats.v2xreal import read_bin
-from synthetic import make_frame
+from opencood_ext.data.synthetic import make_frame
 from test_dairv2x_reader import make_dair
 from test_v2xreal_reader import SCEN as V2XREAL_SCEN
 from test_v2xreal_reader import make_v2xreal

@@ -8,7 +8,7 @@ from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
 from opencood_ext.models.detector import CooperativeDetector
 from opencood_ext.models.fusion_methods import ego_features
-from synthetic import SyntheticReader
+from opencood_ext.data.synthetic import SyntheticReader
 from tiny_runs import PP
 
 RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)

@@ -20,7 +20,7 @@ from opencood_ext.eval.evaluate import evaluate
 from opencood_ext.models.detector import Prediction
 from opencood_ext.postprocess import Detections
 
-from synthetic import make_frame
+from opencood_ext.data.synthetic import make_frame
 
 RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)
 

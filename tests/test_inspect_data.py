@@ -89,7 +89,7 @@ def test_text_output_and_errors_in_process(tmp_path, capsys):
 
 def test_modality_json_next_to_the_data_names_the_types(tmp_path):
     from opencood_ext.data.formats import write_modality_json, write_opv2v_frame
-    from synthetic import make_frame
+    from opencood_ext.data.synthetic import make_frame
     frame = make_frame(seed=0, scenario="scn", timestamp="000001")
     write_opv2v_frame(tmp_path, "train", frame, write_cameras=False)
     write_modality_json(tmp_path / "modality_assignment.json", {"scn": {"10": "m1", "20": "m3", "30": "m2"}})

@@ -24,7 +24,7 @@ from opencood_ext.models.detector import CooperativeDetector
 from opencood_ext.training.checkpoint import load_model_state
 from reference_keys import (base_bev, diffusion_unet, downsample_conv, enhancer, enhancer_unread, gencomm_schedule,
                             heads, message_extractor, pillar_vfe, random_state)
-from synthetic import SyntheticReader
+from opencood_ext.data.synthetic import SyntheticReader
 from tiny_runs import tiny_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

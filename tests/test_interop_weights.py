@@ -24,7 +24,7 @@ from opencood_ext.interop.weights import (LAYOUTS, WeightImportError, export_ref
 from opencood_ext.models.backbone import DownsampleConv
 from opencood_ext.models.detector import CooperativeDetector
 from opencood_ext.training.checkpoint import load_model_state
-from synthetic import SyntheticReader
+from opencood_ext.data.synthetic import SyntheticReader
 import tiny_runs
 from tiny_runs import TINY, tiny_dataset
 

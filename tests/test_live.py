@@ -8,7 +8,7 @@ from opencood_ext.comm import HEADER_SIZE, ChannelEffects
 from opencood_ext.sim.live import LiveCooperation
 from opencood_ext.experiment import ExperimentConfig
 from opencood_ext.models.detector import CooperativeDetector
-from synthetic import make_frame
+from opencood_ext.data.synthetic import make_frame
 
 RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)
 PP = {"encoder": {"type": "pointpillars", "voxel_size": [0.8, 0.8, 4.0], "num_filters": [8]},

@@ -23,7 +23,7 @@ from opencood_ext.eval.evaluate import evaluate
 from opencood_ext.experiment import ExperimentConfig, build_model
 from opencood_ext.models.detector import CooperativeDetector
 from opencood_ext.sim.live import LiveCooperation
-from synthetic import SyntheticReader, make_frame
+from opencood_ext.data.synthetic import SyntheticReader, make_frame
 
 torch.set_num_threads(1)
 KEY = b"alliance-key-0123456789abcdef!!"

@@ -14,7 +14,7 @@ from opencood_ext.methods.mpda import MPDAAdapter, MPDALink
 from opencood_ext.methods.mpda_modules import DomainClassifier, WindowSelfAttention, merge, partition
 from opencood_ext.models.detector import CooperativeDetector
 from opencood_ext.models.links import FullFeatureLink
-from synthetic import SyntheticReader
+from opencood_ext.data.synthetic import SyntheticReader
 
 torch.set_num_threads(1)
 RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)

@@ -10,7 +10,7 @@ from opencood_ext.methods import ONBOARDING
 from opencood_ext.methods.base import feature_map_cost
 from opencood_ext.models.detector import CooperativeDetector
 import gencomm  # noqa: F401  (registers GenComm's link and onboarding method)
-from synthetic import SyntheticReader
+from opencood_ext.data.synthetic import SyntheticReader
 
 torch.set_num_threads(1)
 RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)

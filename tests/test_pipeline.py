@@ -11,7 +11,7 @@ from opencood_ext.geometry import points_in_boxes, transform_points
 
 from opencood_ext.models.detector import CooperativeDetector
 from opencood_ext.models.fusion_methods import transform_boxes
-from synthetic import SyntheticReader
+from opencood_ext.data.synthetic import SyntheticReader
 
 torch.set_num_threads(1)
 RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)

@@ -15,7 +15,7 @@ from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataCon
 from opencood_ext.experiment import ExperimentConfig
 from opencood_ext.models.detector import CooperativeDetector
 from opencood_ext.sim.live import LiveCooperation
-from synthetic import SyntheticReader, make_frame
+from opencood_ext.data.synthetic import SyntheticReader, make_frame
 
 torch.set_num_threads(1)
 RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)

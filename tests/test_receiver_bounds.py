@@ -16,7 +16,7 @@ from opencood_ext.comm.receiver import ReceiverConfig
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
 from opencood_ext.models.detector import CooperativeDetector
-from synthetic import SyntheticReader
+from opencood_ext.data.synthetic import SyntheticReader
 
 torch.set_num_threads(1)
 RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)

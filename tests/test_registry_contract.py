@@ -28,7 +28,7 @@ from opencood_ext.models.detector import FUSION_OPS, CooperativeDetector
 from opencood_ext.models.fusion_methods import FUSION_METHODS
 from opencood_ext.models.links import LINKS
 from opencood_ext.training.freeze import FreezePolicy
-from synthetic import SyntheticReader
+from opencood_ext.data.synthetic import SyntheticReader
 
 RANGE = (-19.2, -19.2, -3.0, 19.2, 19.2, 1.0)
 VOXEL = (0.8, 0.8, 4.0)

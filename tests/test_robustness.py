@@ -15,7 +15,7 @@ from opencood_ext.experiment import build_dataset, build_model, load_experiment
 from opencood_ext.models.detector import CooperativeDetector
 from opencood_ext.runs import load_run
 from robust_runs import trained_late_run
-from synthetic import SyntheticReader
+from opencood_ext.data.synthetic import SyntheticReader
 from tiny_runs import GENCOMM, PP
 
 RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)

@@ -14,7 +14,7 @@ from opencood_ext.methods import ONBOARDING
 from opencood_ext.methods.stamp import DomainAdapter, StampLink
 from opencood_ext.models.detector import CooperativeDetector
 from opencood_ext.models.warp import warp_to_ego
-from synthetic import SyntheticReader
+from opencood_ext.data.synthetic import SyntheticReader
 
 RANGE = [-32.0, -32.0, -3.0, 32.0, 32.0, 1.0]
 

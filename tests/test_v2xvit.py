@@ -13,7 +13,7 @@ from opencood_ext.experiment import build_model, load_experiment
 from opencood_ext.models.detector import FUSION_OPS, CooperativeDetector
 from opencood_ext.models.fusion import MaxFusion
 from opencood_ext.models.v2xvit import V2XViTFusion, WindowAttention
-from synthetic import SyntheticReader
+from opencood_ext.data.synthetic import SyntheticReader
 from tiny_runs import PP
 
 torch.set_num_threads(1)
@@ -221,7 +221,7 @@ def test_set_overrides_pick_v2xvit_for_any_experiment():
 def test_fusion_benchmark_reports_the_sim_settings_parameters():
     import sys
     sys.path.insert(0, str(SIM.parents[1]))
-    from bench.fusion_ops import main
+    from experiments.bench.fusion_ops import main
     res = main(["--quick", "--reps", "1", "--ops", "max,v2xvit_sim"])
     fuse = build_model(load_experiment(SIM / "m1m3_intermediate_v2xvit.yaml")).fuse
     assert res["v2xvit_sim_params"] == sum(p.numel() for p in fuse.parameters()) > 0

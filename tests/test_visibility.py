@@ -7,7 +7,7 @@ from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataCon
 from opencood_ext.eval.visibility import VisibilityRecall, matched_gt, visibility_groups
 from opencood_ext.geometry import points_in_boxes, transform_points
 
-from synthetic import make_frame
+from opencood_ext.data.synthetic import make_frame
 
 RANGE = (-32.0, -32.0, -3.0, 32.0, 32.0, 1.0)
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import yaml
 
 from opencood_ext.data.formats import write_opv2v_frame
-from synthetic import make_frame
+from opencood_ext.data.synthetic import make_frame
 
 TINY = {
     "data": {"format": "opv2v", "lidar_range": [-32.0, -32.0, -3.0, 32.0, 32.0, 1.0], "max_agents": 3,

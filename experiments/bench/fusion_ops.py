@@ -14,7 +14,6 @@ twin, in the same run.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Dict
 
@@ -27,7 +26,6 @@ from opencood_ext.models.detector import FUSION_OPS
 from experiments.bench.gencomm_modules import _fwd_bwd, _time_ms, timing_parser
 from opencood_ext.config_files import resolve_config
 
-ROOT = Path(__file__).resolve().parents[2]  # a checkout: --configs' train steps use tests/synthetic.py
 SIM_SETTING = "sim/fusion_v2xvit.yaml"  # a shipped config, found by name (checkout or installed)
 
 
@@ -74,11 +72,10 @@ def main(argv=None) -> Dict[str, object]:
 
 def _train_step_ms(path: Path, reps: int, dev: torch.device) -> float:
     """Median ms of one training step of experiment ``path`` on 2 synthetic samples x 3 agents."""
-    sys.path.insert(0, str(ROOT / "tests"))
     from opencood_ext.data.batch import collate_samples
     from opencood_ext.data.dataset import CooperativeDataset
     from opencood_ext.experiment import build_model, cooperation_for, load_experiment
-    from synthetic import SyntheticReader
+    from opencood_ext.data.synthetic import SyntheticReader
 
     torch.manual_seed(0)
     cfg = load_experiment(path)

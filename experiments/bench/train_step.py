@@ -57,23 +57,22 @@ from typing import Callable, Dict, List, Optional
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-
 import gencomm  # noqa: E402,F401  (registers the GenComm link)
 import gencomm.link as gencomm_link  # noqa: E402
 from opencood_ext.data.batch import collate_samples  # noqa: E402
 from opencood_ext.data.dataset import CooperativeDataset  # noqa: E402
 from opencood_ext.eval.flops import flops_during  # noqa: E402
 from opencood_ext.experiment import build_model, cooperation_for, load_experiment  # noqa: E402
-from synthetic import SyntheticReader  # noqa: E402
+from opencood_ext.data.synthetic import SyntheticReader  # noqa: E402
+from opencood_ext.config_files import configs_root  # noqa: E402
 
 def _config(t: str, kind: str, family: str, link: Optional[dict]) -> Path:
     """The bench experiment: sim base (range, anchors) + ``configs/<family>/types/<t>.yaml``
     (+ ``configs/<family>/gencomm_link.yaml``) + the fusion of ``kind``."""
-    bases = [ROOT / "configs/sim/base.yaml", ROOT / "configs" / family / "types" / f"{t}.yaml"]
+    root = configs_root()
+    bases = [root / "sim" / "base.yaml", root / family / "types" / f"{t}.yaml"]
     if kind == "gencomm":
-        bases.append(ROOT / "configs" / family / "gencomm_link.yaml")
+        bases.append(root / family / "gencomm_link.yaml")
     missing = [str(b) for b in bases if not b.is_file()]
     if missing:
         raise SystemExit(f"bench train: no config file {missing[0]}")

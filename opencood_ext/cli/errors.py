@@ -16,6 +16,7 @@ from pathlib import Path
 
 from opencood_ext.config import ConfigError
 from opencood_ext.data.errors import DataFormatError
+from opencood_ext.deps import MissingDependency
 from opencood_ext.training.checkpoint import CheckpointError
 
 
@@ -24,7 +25,8 @@ class InputFileError(ValueError):
     should be; the message names the file."""
 
 
-USER_ERRORS = (ConfigError, DataFormatError, CheckpointError, FileNotFoundError, InputFileError)
+USER_ERRORS = (ConfigError, DataFormatError, CheckpointError, FileNotFoundError, InputFileError,
+               MissingDependency)  # an optional package this command needs (spconv, open3d) is absent
 # what numpy / zipfile / json raise on a truncated or corrupt file they read
 READ_ERRORS = (OSError, EOFError, zipfile.BadZipFile, zlib.error, pickle.UnpicklingError, ValueError, KeyError)
 EXIT_USER_ERROR = 2
