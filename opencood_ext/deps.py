@@ -1,9 +1,10 @@
 """Dependencies imported where they are used, with an error that says what to install.
 
-* ``spconv`` (sparse convolutions, voxelisation) is needed by the models but is
-  not in ``install_requires``: its CUDA builds are distributions with other
-  names (``spconv-cu126``, ...) that provide the same ``spconv`` module, so
-  declaring ``spconv`` would pull the CPU build onto a GPU machine.
+* ``spconv`` (sparse convolutions) is needed only by the SECOND encoder; voxelisation
+  uses it when installed and a pure-PyTorch voxeliser with the same output otherwise
+  (:mod:`opencood_ext.data.voxelize`). It is not in ``install_requires``: its CUDA builds
+  are distributions with other names (``spconv-cu126``, ...) that provide the same
+  ``spconv`` module, so declaring ``spconv`` would pull the CPU build onto a GPU machine.
 * ``open3d`` and ``scipy`` are needed only by the built-in simulator
   (:mod:`opencood_ext.sim`), the ``sim`` extra: ``pip install 'gencomm[sim]'``.
   Readers, models, training and evaluation import without them.
