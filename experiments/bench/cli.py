@@ -26,6 +26,7 @@ BENCHMARKS = {
     "gencomm": ("experiments.bench.gencomm_modules", "message extractor, generator, wire format cost"),
     "fusion": ("experiments.bench.fusion_ops", "fusion ops (max, att, V2X-ViT sim / reference setting): params, fwd+bwd time"),
     "warp": ("experiments.bench.warp_sensitivity", "AP a trained detector loses when its own feature is warped"),
+    "voxelize": ("experiments.bench.voxelize", "voxeliser ms per 30k-120k point cloud: pure PyTorch vs spconv, equality"),
 }
 
 
