@@ -218,6 +218,16 @@ except SystemExit as exc:
     assert exc.code == 0
 import contextlib, io
 assert train(["-y", "opv2v_h/gencomm_stage1_m1", "--dry_run"]) == 0  # PointPillars: no spconv needed
+from opencood_ext.data.voxelize import Voxelizer
+assert Voxelizer([0.8, 0.8, 4.0], R).backend == "torch"  # "auto" voxelises in pure PyTorch
+from pathlib import Path
+from gencomm.cli import infer
+from tiny_runs import PP, tiny_config, tiny_dataset
+torch.set_num_threads(1)
+root = tiny_dataset(Path("data"))  # dataset samples voxelised, a training step, an evaluated frame
+cfg = tiny_config(Path("."), root, "nospconv", {"m1": PP}, {"fusion": "intermediate", "link": {"type": "full_feature"}})
+assert train(["-y", str(cfg), "--model_dir", "run", "--set", "train.max_steps_per_epoch=1"]) == 0
+assert infer(["--model_dir", "run", "--max_frames", "1", "--plot_every", "0"]) == 0
 err = io.StringIO()
 with contextlib.redirect_stderr(err):  # SECOND: one line saying what to install, exit status 2
     status = train(["-y", "opv2v_h/gencomm_stage1_m3", "--dry_run"])
@@ -234,7 +244,8 @@ else:
 
 def test_everything_but_a_second_model_works_without_spconv(tmp_path):
     """Every module of the three packages imports, a PointPillars encoder builds and runs, a command
-    prints its help and a PointPillars config's --dry_run works while ``import spconv`` fails;
+    prints its help, a PointPillars config's --dry_run works and a tiny PointPillars run voxelises its
+    samples (pure-PyTorch voxeliser), trains a step and evaluates while ``import spconv`` fails;
     building SECOND says what to install (gencomm-train: one line, exit status 2)."""
     res = _run_python(WITHOUT_SPCONV, tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
