@@ -15,7 +15,7 @@ from opencood_ext.training.runlog import training_wall_time
 
 from .profiles import BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE2, TEST_SEED_OFFSET, Profile
 from .results import ResultRow, StepTime
-from .steps import Command, run_step, sets
+from .steps import Command, call, sets
 
 
 def found_finished(out: Path, data: Path) -> List[str]:
@@ -29,7 +29,7 @@ def found_finished(out: Path, data: Path) -> List[str]:
 def simulate(data: Path, profile: Profile, seed: int) -> None:
     """Write the dataset; the simulator skips finished scenarios, so a present dataset costs nothing."""
     w, h = profile.camera_size
-    run_step(Command("gencomm-sim", ["-o", data, "--scenarios", profile.scenarios, "--frames", profile.frames,
+    call(Command("gencomm-sim", ["-o", data, "--scenarios", profile.scenarios, "--frames", profile.frames,
                                      "--seed", seed, "--split_ratio", *profile.split, "--camera_size", f"{w}x{h}"]))
 
 
@@ -46,7 +46,7 @@ def simulate_test_set(data: Path, profile: Profile, seed: int) -> Optional[Path]
     root = test_set_root(data)
     cameras = profile.benchmark and any(t in CAMERA_TYPES for t in profile.benchmark_types)
     w, h = profile.camera_size
-    run_step(Command("gencomm-sim", ["-o", root, "--scenarios", profile.test_scenes, "--frames", profile.test_frames,
+    call(Command("gencomm-sim", ["-o", root, "--scenarios", profile.test_scenes, "--frames", profile.test_frames,
                                      "--seed", seed + TEST_SEED_OFFSET, "--split_ratio", "0", "0", "1",
                                      *(["--camera_size", f"{w}x{h}"] if cameras else ["--no_cameras"])]))
     return root
@@ -54,7 +54,7 @@ def simulate_test_set(data: Path, profile: Profile, seed: int) -> Optional[Path]
 
 def train(config: Path, run: Path, data: Path, profile: Profile) -> float:
     """Train (or resume, or skip when done); returns the run's training wall time (s)."""
-    run_step(Command("gencomm-train", ["-y", config, "--model_dir", run,
+    call(Command("gencomm-train", ["-y", config, "--model_dir", run,
                                        *sets([f"data.root={data}", *profile.overrides])]))
     return training_wall_time(run)
 
@@ -63,7 +63,7 @@ def evaluate_run(run: Path, fusion: str, profile: Profile) -> dict:
     """Evaluate ``run`` with ``fusion``. ``gencomm-infer --reuse`` skips it when the evaluation's stamp
     (command, code, the run's files and the test data: :class:`opencood_ext.run_folder.RunFolder`)
     shows nothing changed, the one reuse rule the robustness sweep and the benchmark use too."""
-    run_step(Command("gencomm-infer", ["--model_dir", run, "--fusion_method", fusion, "--reuse",
+    call(Command("gencomm-infer", ["--model_dir", run, "--fusion_method", fusion, "--reuse",
                                        *sets(profile.overrides)]))
     return RunFolder(run).read_evaluation(evaluation_label(fusion))
 
@@ -83,7 +83,7 @@ def robustness_sweep(rows: Sequence[ResultRow], out: Path, profile: Profile, see
         argv += ["--runs", f"{r.method}={r.run}:{r.eval['fusion']}"]
     for effect, levels in profile.robustness.items():
         argv += [f"--{effect}", levels]
-    run_step(Command("gencomm-robustness", argv + sets(profile.overrides)))
+    call(Command("gencomm-robustness", argv + sets(profile.overrides)))
     return out / "robustness.json"
 
 
@@ -149,7 +149,7 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
             *sets([f"data.root={data}", *profile.overrides])]
     if profile.onboard_epochs is not None:
         argv += ["--epochs", str(profile.onboard_epochs)]
-    steps.run("onboard m3 (GenComm)", run_step, Command("gencomm-onboard", argv))
+    steps.run("onboard m3 (GenComm)", call, Command("gencomm-onboard", argv))
     onboarding = json.loads(RunFolder(onboard_run).onboarding_report.read_text())
     res = steps.run("evaluate onboard_gencomm_m3", evaluate_run, onboard_run, "intermediate", evaluation)
     rows.append(ResultRow(method="GenComm (m3 onboarded)", run=str(onboard_run), eval=res,
@@ -168,7 +168,7 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
                 run = runs / Path(COMPETITOR_STAGE1[t]).stem
                 steps.run(f"train {run.name}", train, configs / COMPETITOR_STAGE1[t], run, data, profile)
                 competitor[t] = run
-        rows += steps.run("heterogeneous benchmark", run_benchmark, runs, stage1, profile.family, run_step,
+        rows += steps.run("heterogeneous benchmark", run_benchmark, runs, stage1, profile.family, call,
                           [f"data.root={data}", *profile.overrides], onboard_epochs=profile.onboard_epochs,
                           types=profile.benchmark_types, competitor_stage1=competitor, eval_overrides=eval_sets,
                           configs=configs)

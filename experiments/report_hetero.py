@@ -14,8 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from opencood_ext.eval.bootstrap import FrameRecords, frames_path, paired_difference  # noqa: E402
-from opencood_ext.eval.dynamic import alliance_label  # noqa: E402
+from opencood_ext.eval.bootstrap import FrameRecords, paired_difference  # noqa: E402
+from opencood_ext.run_folder import RunFolder, evaluation_label  # noqa: E402
 
 from .report_cells import ap_cell, diff_cell, differences, fmt_bytes  # noqa: E402
 from .results import ResultRow  # noqa: E402
@@ -79,7 +79,7 @@ def _increment(r: ResultRow, types: List[str]) -> str:
     with the paired scene-bootstrap interval; '-' when the run has no evaluation of both alliances
     (the no-fusion row is one evaluation for every alliance)."""
     run = r.run
-    paths = [frames_path(run, alliance_label(t)) for t in (types, types[:-1])] if run else []
+    paths = [RunFolder(run).frames(evaluation_label(alliance=t)) for t in (types, types[:-1])] if run else []
     if not paths or not all(p.is_file() for p in paths):
         return "-"
     boot = r.eval.get("bootstrap") or {}

@@ -1,7 +1,7 @@
 """One step of the experiment driver: a command-line program's ``main(argv)`` run in this process.
 
 A :class:`Command` names the program by its console script (``gencomm-train``) and holds its
-arguments; :func:`run_step` runs it in-process (no subprocess, no source checkout needed), with the
+arguments; :func:`call` runs it in-process (no subprocess, no source checkout needed), with the
 process state a program may change (working directory, torch's thread count and grad mode, the
 python / numpy / torch random states, the root logger) restored afterwards, so one step never
 leaks into the next. A nonzero exit status, an argparse exit or an exception stops the job with a
@@ -67,7 +67,7 @@ class Command:
         object.__setattr__(self, "argv", tuple(str(a) for a in self.argv))
 
     def words(self) -> List[str]:
-        """The equivalent command line as words (what a stamp records)."""
+        """The equivalent command line as words."""
         return [self.program, *self.argv]
 
     def line(self) -> str:
@@ -126,8 +126,3 @@ def call(cmd: Command) -> None:
                 from exc
     if status not in (0, None):
         raise StepError(f"step failed (exit {status}): {cmd.line()}")
-
-
-def run_step(cmd: Command) -> None:
-    """Run one step (:func:`call`); what a resumed job finds done, the program itself skips."""
-    call(cmd)

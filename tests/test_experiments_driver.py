@@ -65,7 +65,7 @@ def test_a_training_step_calls_the_train_program_in_process(tmp_path, monkeypatc
 def test_a_failed_step_stops_the_job_with_its_command_line(monkeypatch, no_subprocess, outcome, message):
     monkeypatch.setitem(steps.PROGRAMS, "gencomm-infer", lambda: outcome)
     with pytest.raises(StepError, match=message):
-        steps.run_step(Command("gencomm-infer", ["--model_dir", "r un"]))
+        steps.call(Command("gencomm-infer", ["--model_dir", "r un"]))
 
 
 def test_every_step_program_is_a_command_line_main():
@@ -78,7 +78,7 @@ def test_every_step_program_is_a_command_line_main():
 def test_every_evaluation_of_the_main_job_reuses_by_the_run_folders_rule(tmp_path, monkeypatch):
     """The driver keeps no reuse rule of its own: each evaluation is ``gencomm-infer --reuse``."""
     calls = []
-    monkeypatch.setattr(steps, "call", calls.append)
+    monkeypatch.setattr(pipeline, "call", calls.append)
     monkeypatch.setattr(pipeline.RunFolder, "read_evaluation", lambda self, label: {"label": label})
     assert pipeline.evaluate_run(tmp_path / "run", "no", PROFILES["quick"]) == {"label": "none"}
     assert calls[0].program == "gencomm-infer" and "--reuse" in calls[0]
@@ -86,7 +86,7 @@ def test_every_evaluation_of_the_main_job_reuses_by_the_run_folders_rule(tmp_pat
 
 def test_the_robustness_sweep_runs_every_row_in_process(tmp_path, monkeypatch, no_subprocess):
     calls = []
-    monkeypatch.setattr(steps, "call", calls.append)
+    monkeypatch.setattr(pipeline, "call", calls.append)
     rows = [ResultRow("No fusion", {"fusion": "none"}, 1.0, 1, run="/r/none"),
             ResultRow("GenComm (m3 onboarded)", {"fusion": "intermediate"}, 1.0, 1, run="/r/gc")]
     path = pipeline.robustness_sweep(rows, tmp_path / "rob", PROFILES["quick"], seed=3)

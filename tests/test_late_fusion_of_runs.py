@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from opencood_ext.data.batch import collate_samples
-from opencood_ext.eval.dynamic import alliance_label, run_dynamic
+from opencood_ext.eval.dynamic import run_dynamic
+from opencood_ext.run_folder import evaluation_label
 from opencood_ext.experiment import build_dataset
 from opencood_ext.models.second import SPCONV_CPU_ONLY
 from opencood_ext.runs import late_fusion_of, load_run
@@ -66,9 +67,9 @@ def test_dynamic_evaluation_writes_each_alliance_with_the_newest_types_cost(stag
     for name in ("eval_dyn_m1.json", "eval_dyn_m1+m3.json", "eval_dynamic.json"):
         assert (tmp_path / name).is_file()
     # the benchmark and the report find each alliance's files by this label
-    assert [alliance_label(r.types) for r in rows] == ["dyn_m1", "dyn_m1+m3"]
+    assert [evaluation_label(alliance=r.types) for r in rows] == ["dyn_m1", "dyn_m1+m3"]
     with pytest.raises(ValueError, match="ego"):
-        alliance_label([])
+        evaluation_label(alliance=[])
     dyn = json.loads((tmp_path / "eval_dynamic.json").read_text())
     assert dyn[1]["ap_ci"]["global"].keys() == dyn[1]["ap"]["global"].keys()
 

@@ -234,11 +234,11 @@ def test_main_job_spread_leaves_out_archives_of_another_test_split(tmp_path):
 
 
 def test_separate_test_set_is_simulated_from_scenes_the_dataset_never_draws(tmp_path, monkeypatch):
-    from experiments import pipeline, steps
+    from experiments import pipeline
     from experiments.profiles import PROFILES
     from opencood_ext.sim.recorder import scenario_seed
     ran = []
-    monkeypatch.setattr(steps, "call", ran.append)
+    monkeypatch.setattr(pipeline, "call", ran.append)
     lidar_pair = dataclasses.replace(PROFILES["default"], benchmark_types=("m1", "m3"))
     root = pipeline.simulate_test_set(tmp_path / "sim", lidar_pair, seed=3)
     assert root == tmp_path / "sim_test"

@@ -68,7 +68,8 @@ def test_bench_warp_on_a_missing_run(tmp_path, capsys):
 
 def _records(run: Path, label: str) -> Path:
     """Real per-frame records (what tools/inference.py writes), two scenes of 40 frames."""
-    from opencood_ext.eval.bootstrap import FrameRecords, frames_path
+    from opencood_ext.eval.bootstrap import FrameRecords
+    from opencood_ext.run_folder import RunFolder
     rng = np.random.default_rng(0)
 
     def boxes(n):
@@ -76,7 +77,7 @@ def _records(run: Path, label: str) -> Path:
         b[:, :2], b[:, 3:6] = rng.uniform(-30, 30, (n, 2)), (4.0, 1.8, 1.5)
         return b
     frames = [(boxes(30), rng.random(30), boxes(5), f"s{k % 2}", f"s{k % 2}/{k:06d}") for k in range(80)]
-    return FrameRecords.from_detections(frames).save(frames_path(run, label))
+    return FrameRecords.from_detections(frames).save(RunFolder(run).frames(label))
 
 
 @pytest.mark.parametrize("cut", ["half", "head", "member"])

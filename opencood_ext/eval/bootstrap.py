@@ -366,26 +366,17 @@ def pooled_paired_difference(pairs: Sequence[Tuple[FrameRecords, FrameRecords]],
                             first.num_scenes, len(draws), seed, level)
 
 
-def frames_path(run_dir, label: str) -> Path:
-    """Where evaluate() writes the per-frame records of evaluation ``label`` (:meth:`RunFolder.frames`)."""
-    return RunFolder(run_dir).frames(label)
-
-
-def eval_labels(run_dir) -> List[str]:
-    """Labels of the evaluations in ``run_dir`` that have per-frame records (:meth:`RunFolder.evaluation_labels`)."""
-    return RunFolder(run_dir).evaluation_labels()
-
-
 def load_eval_records(run_dir, label: Optional[str] = None) -> Tuple[str, FrameRecords]:
     """(label, records) of ``eval_<label>`` in ``run_dir``; without a label the folder must hold
     exactly one evaluation with records."""
+    folder = RunFolder(run_dir)
     if label is None:
-        labels = eval_labels(run_dir)
+        labels = folder.evaluation_labels()
         if len(labels) != 1:
             raise ValueError(f"{run_dir}: {'no' if not labels else 'several'} evaluations with per-frame "
                              f"records ({', '.join(labels) or 'none'}); name one as RUN:LABEL")
         label = labels[0]
-    return label, FrameRecords.load(frames_path(run_dir, label))
+    return label, FrameRecords.load(folder.frames(label))
 
 
 def compare_runs(run_a, run_b, label_a: Optional[str] = None, label_b: Optional[str] = None,

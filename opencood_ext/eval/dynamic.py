@@ -25,12 +25,6 @@ from ..methods.base import ONBOARDING
 from ..run_folder import DYNAMIC, RunFolder, evaluation_label
 
 
-def alliance_label(types: Sequence[str]) -> str:
-    """The evaluation label of the alliance ``types`` (ego first), ``dyn_m1+m2``
-    (:func:`~opencood_ext.run_folder.evaluation_label`)."""
-    return evaluation_label(alliance=types)
-
-
 @dataclass
 class DynamicRow:
     types: List[str]
@@ -71,7 +65,7 @@ def run_dynamic(cfg: ExperimentConfig, model, order: Sequence[str], split: str,
         sub.data.agent_types = {t: cfg.data.agent_types[t] for t in types}
         dataset = build_dataset(sub, split, train=False, fusion=model.fusion)
         torch.manual_seed(cfg.train.seed)  # GenComm's diffusion noise: the same draws for every alliance
-        res = evaluate(model, dataset, out_dir=out_dir, max_frames=max_frames, label=alliance_label(types),
+        res = evaluate(model, dataset, out_dir=out_dir, max_frames=max_frames, label=evaluation_label(alliance=types),
                        channel=channel)
         params, gflops = onboarding_cost(cfg, model, dataset, types[-1]) if k > 1 else (None, None)
         rows.append(DynamicRow(types, res, params, gflops))
