@@ -4,6 +4,7 @@ An experiment yaml has these sections (each a typed dataclass, see
 :mod:`opencood_ext.config` for loading rules)::
 
     name: sim_m1_pointpillars
+    protocol: native  # or reference: whose computation model and evaluation follow (PROTOCOLS)
     data:  {...}      # opencood_ext.data.dataset.DataConfig
     model: {...}      # opencood_ext.models.detector.CooperativeDetector constructor arguments
     train: {...}      # opencood_ext.training.trainer.TrainConfig
@@ -23,7 +24,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Literal, Optional, Sequence
 
 from opencood_ext.comm.receiver import ReceiverConfig
 from opencood_ext.config import ConfigError, FieldError, check_plain_name, config_to_dict, load_config
@@ -59,9 +60,19 @@ class StageConfig:
     method: str = "gencomm"
 
 
+# ``protocol:`` values. "native": this project's own computation, what every archived sim run used
+# (GenComm warps the message before generating, the ego keeps its own feature, fusion masks cells
+# outside a collaborator's coverage, rotated-IoU anchor targets, our post-processing and ground-truth
+# rules). "reference": exactly the GenComm reference / HEAL code's computation, so an imported
+# checkpoint gives the reference's outputs and AP (docs/protocol.md lists what remains different).
+PROTOCOLS = ("native", "reference")
+Protocol = Literal["native", "reference"]
+
+
 @dataclass
 class ExperimentConfig:
     name: str
+    protocol: Protocol = "native"
     data: DataConfig = field(default_factory=DataConfig)
     model: dict = field(default_factory=dict)
     train: TrainConfig = field(default_factory=TrainConfig)
