@@ -96,14 +96,13 @@ def splat(points: torch.Tensor, feats: torch.Tensor, lidar_range: Sequence[float
     return canvas.view(a, H, W, c).permute(0, 3, 1, 2).contiguous()
 
 
-def depth_loss(depth_logits: torch.Tensor, depth_image: torch.Tensor,
-               depth_bins: Sequence[float] = (1.0, 50.0, 1.0)) -> torch.Tensor:
-    """Cross-entropy of the depth-bin logits against the ground-truth depth bin.
+def depth_targets(depth_logits: torch.Tensor, depth_image: torch.Tensor,
+                  depth_bins: Sequence[float] = (1.0, 50.0, 1.0)) -> torch.Tensor:
+    """The depth-bin target of every feature pixel, (A, N, h, w) long, -1 where unsupervised.
 
     depth_logits: (A, N, D, h, w); depth_image: (A, N, H, W) metres with H = h s,
     W = w s. Each feature pixel's target is the NEAREST valid depth in its s x s
-    patch (valid: finite, > 0, inside the bins); pixels with none are ignored.
-    Mean over supervised pixels; 0 (still differentiable) when there are none.
+    patch (valid: finite, > 0, inside the bins); pixels with none get -1.
     """
     a, n, d, h, w = depth_logits.shape
     H, W = depth_image.shape[-2:]
@@ -116,11 +115,30 @@ def depth_loss(depth_logits: torch.Tensor, depth_image: torch.Tensor,
     dep = dep.reshape(a, n, h, s, w, s).amin(dim=(3, 5))  # (A, N, h, w)
     idx = torch.floor((dep - dmin) / step)
     ok = torch.isfinite(idx) & (idx >= 0) & (idx < d)
-    target = torch.where(ok, idx, torch.full_like(idx, -1)).long()
-    if not bool(ok.any()):
+    return torch.where(ok, idx, torch.full_like(idx, -1)).long()
+
+
+def depth_loss(depth_logits: torch.Tensor, depth_image: torch.Tensor,
+               depth_bins: Sequence[float] = (1.0, 50.0, 1.0)) -> torch.Tensor:
+    """Cross-entropy of the depth-bin logits against :func:`depth_targets`: the mean over
+    supervised pixels; 0 (still differentiable) when there are none."""
+    target = depth_targets(depth_logits, depth_image, depth_bins)
+    if not bool((target >= 0).any()):
         return depth_logits.sum() * 0.0
-    logits = depth_logits.permute(0, 1, 3, 4, 2).reshape(-1, d)
+    logits = depth_logits.permute(0, 1, 3, 4, 2).reshape(-1, depth_logits.shape[2])
     return F.cross_entropy(logits, target.reshape(-1), ignore_index=-1)
+
+
+def depth_loss_terms(depth_logits: torch.Tensor, depth_image: torch.Tensor,
+                     depth_bins: Sequence[float] = (1.0, 50.0, 1.0)) -> tuple:
+    """:func:`depth_loss` as (sum over supervised pixels, their count) per agent: two (A,) tensors,
+    so losses of agents encoded apart (a feature cache) add up to the batch's mean exactly."""
+    target = depth_targets(depth_logits, depth_image, depth_bins)
+    a, d = depth_logits.shape[0], depth_logits.shape[2]
+    logits = depth_logits.permute(0, 1, 3, 4, 2).reshape(-1, d)
+    ce = F.cross_entropy(logits, target.reshape(-1).clamp(min=0), reduction="none").reshape(a, -1)
+    ok = (target >= 0).reshape(a, -1)
+    return (ce * ok).sum(1), ok.sum(1)
 
 
 class LSSEncoder(nn.Module):
@@ -179,3 +197,7 @@ class LSSEncoder(nn.Module):
     def depth_loss(self, depth_logits: torch.Tensor, depth_image: torch.Tensor) -> torch.Tensor:
         """:func:`depth_loss` with this encoder's bins."""
         return depth_loss(depth_logits, depth_image, self.depth_bins)
+
+    def depth_loss_terms(self, depth_logits: torch.Tensor, depth_image: torch.Tensor) -> tuple:
+        """:func:`depth_loss_terms` with this encoder's bins."""
+        return depth_loss_terms(depth_logits, depth_image, self.depth_bins)
