@@ -2,7 +2,7 @@
 
     gencomm-sim -o DIR [--scenarios N] [--frames M] [--seed S]
         [--split_ratio 0.6 0.2 0.2] [--no_cameras] [--camera_size WxH]
-        [--agent_types RIG.yaml]
+        [--agent_types RIG.yaml] [--workers N]
 
 Writes ``DIR/{train,validate,test}/<scenario>/...`` (64-beam ``.pcd``,
 ``_32.pcd`` / ``_16.pcd``, ``_camera{i}.png``, ``_depth{i}.png``, ``.yaml``,
@@ -11,15 +11,18 @@ Writes ``DIR/{train,validate,test}/<scenario>/...`` (64-beam ``.pcd``,
 the depth images in HEAL's side tree instead, the output path with ``OPV2V``
 replaced by ``OPV2V_Hetero`` (``-o data/OPV2V`` -> ``data/OPV2V_Hetero``), where
 HEAL's OPV2V-H loader looks for them; our reader finds them there too.
-A rerun skips finished scenarios; the same arguments give identical files. From a checkout,
+A rerun skips finished scenarios; the same arguments give identical files, whatever
+``--workers`` (processes recording scenarios side by side). From a checkout,
 ``python tools/simulate.py`` runs the same command.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from opencood_ext.data.formats.layout import HETERO_FROM, HETERO_TO, hetero_tree
@@ -38,6 +41,22 @@ def _size(text: str):
     if w < 1 or h < 1:
         raise argparse.ArgumentTypeError(f"--camera_size must be positive, got {text!r}")
     return w, h
+
+
+def default_workers() -> int:
+    """min(2, the CPUs this process may use)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(2, cpus))
+
+
+def _workers(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--workers must be a positive integer, got {text!r}")
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree", choices=("flat", "heal"), default="flat",
                    help=f"'flat': every file beside the .yaml; 'heal': the 32/16-beam scans and depth images in "
                         f"HEAL's side tree, the output path with {HETERO_FROM} replaced by {HETERO_TO}")
+    p.add_argument("--workers", type=_workers, default=default_workers(),
+                   help="processes recording scenarios in parallel (default min(2, CPUs)); same files for any N")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -75,12 +96,15 @@ def _rig_id(path: Path) -> str:
 def main(argv=None) -> int:
     """Exit status 0, or 2 with one line on stderr for bad input (a missing or malformed rig file,
     an output path --tree heal cannot use, a bad split ratio)."""
-    from opencood_ext.cli.errors import USER_ERRORS, report
     args = build_parser().parse_args(argv)
     try:
         return _record(args)
-    except (*USER_ERRORS, ValueError) as exc:
-        return report(exc)
+    except Exception as exc:
+        # imported only here: the error module pulls in the training stack (torch), seconds of start-up
+        from opencood_ext.cli.errors import USER_ERRORS, report
+        if isinstance(exc, (*USER_ERRORS, ValueError)):
+            return report(exc)
+        raise
 
 
 def _record(args) -> int:
@@ -105,7 +129,8 @@ def _record(args) -> int:
     try:
         res = record(world, args.out, args.scenarios, args.frames, args.seed, args.split_ratio,
                      write_cameras=not args.no_cameras, pcd_data=args.pcd_data, progress=not args.quiet,
-                     settings=settings, hetero_root=hetero)
+                     settings=settings, hetero_root=hetero, workers=args.workers,
+                     world_factory=partial(BuiltinWorld, cfg))
     finally:
         world.close()
     side = f"; 32/16-beam scans and depth in {hetero}" if hetero else ""

@@ -20,11 +20,13 @@ same arguments give byte-identical files.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from tqdm import tqdm
@@ -72,10 +74,91 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+@dataclass(frozen=True)
+class _Job:
+    """One scenario to record (everything a worker process needs besides its world)."""
+
+    index: int
+    split: str
+    seed: int
+    frames: int
+    out: Path
+    het: Optional[Path]
+    run: dict
+    write_cameras: bool
+    pcd_data: str
+
+
+def _record_scenario(world: World, job: _Job, seen: Optional[set] = None,
+                     bar=None) -> Tuple[str, dict, List[Path]]:
+    """Simulate and write one scenario, marker last; returns (name, assignment, ego yaml per frame).
+    A name in ``seen`` (scenario names already used; this one is added) is refused before anything
+    is written."""
+    out, het, split = job.out, job.het, job.split
+    world.reset(job.seed)
+    name = world.scenario
+    if seen is not None:
+        if name in seen:
+            raise RuntimeError(f"scenario name {name!r} repeats (scenarios {job.index} and an earlier one); "
+                               f"choose another --seed")
+        seen.add(name)
+    for scen_dir in {out / split / name, (het or out) / split / name}:
+        if scen_dir.exists():
+            shutil.rmtree(scen_dir)   # left over from an interrupted run
+    if bar is not None:
+        bar.set_postfix_str(f"{split}/{name}")
+    paths = []
+    for _ in range(job.frames):
+        frame = world.tick()
+        frame.split = split
+        write_opv2v_frame(out, split, frame, pcd_data=job.pcd_data, write_cameras=job.write_cameras,
+                          hetero_root=het)
+        paths.append(out / split / name / str(frame.agents[0].agent_id) / f"{frame.timestamp}.yaml")
+        if bar is not None:
+            bar.update(1)
+    assignment = {str(a.agent_id): a.agent_type for a in world.agents}
+    write_data_protocol(out, split, name, {**world.protocol(), "recorder": job.run})
+    _write_json_atomic(out / MARKER_DIR / f"scenario_{job.index:04d}.json",
+                       {"index": job.index, "seed": job.seed, "split": split, "scenario": name,
+                        "assignment": assignment, "run": job.run})
+    return name, assignment, paths
+
+
+_WORKER_WORLD: Optional[World] = None   # the world of a recorder worker process
+
+
+def _init_worker(world_factory: Callable[[], World]) -> None:
+    global _WORKER_WORLD
+    _WORKER_WORLD = world_factory()
+
+
+def _worker_job(job: _Job) -> Tuple[str, dict, List[Path]]:
+    return _record_scenario(_WORKER_WORLD, job)
+
+
+def _run_pool(jobs: List[_Job], world_factory: Callable[[], World], workers: int, bar) -> list:
+    """Results of ``jobs`` (in order) recorded by ``workers`` spawned processes; the first failure is
+    raised after cancelling the jobs not yet started."""
+    ctx = multiprocessing.get_context("spawn")   # no fork of a process that may hold Embree / BLAS threads
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker,
+                             initargs=(world_factory,)) as pool:
+        futures = [pool.submit(_worker_job, job) for job in jobs]
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for f in finished:
+                if f.exception() is not None:
+                    pool.shutdown(cancel_futures=True)
+                    raise f.exception()
+                bar.update(jobs[futures.index(f)].frames)
+        return [f.result() for f in futures]
+
+
 def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
            split_ratio: Sequence[float] = (0.6, 0.2, 0.2), write_cameras: bool = True,
            pcd_data: str = "binary", progress: bool = True, settings: Optional[dict] = None,
-           hetero_root=None) -> RecordResult:
+           hetero_root=None, workers: int = 1,
+           world_factory: Optional[Callable[[], World]] = None) -> RecordResult:
     """Simulate ``scenarios`` x ``frames`` and write them under ``out``.
 
     ``settings`` (plain YAML types) is stored in each ``data_protocol.yaml``
@@ -83,6 +166,12 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
     the side tree; a marker whose settings differ from this run's is not
     trusted (the scenario is recorded again). ``hetero_root``: where the
     32/16-beam scans and depth images go (None: beside the rest).
+
+    ``workers`` > 1 records scenarios in that many processes (spawned), each
+    building its world with ``world_factory`` (picklable, e.g.
+    ``functools.partial(BuiltinWorld, cfg)``); ``world`` is then not used. A
+    scenario depends only on its own seed, so the files are the same for any
+    ``workers``.
     """
     if scenarios < 1 or frames < 1:
         raise ValueError(f"need at least one scenario and one frame, got scenarios={scenarios}, frames={frames}")
@@ -94,45 +183,39 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
     run = {"seed": int(seed), "frames": int(frames), "pcd_data": pcd_data, "cameras": bool(write_cameras),
            "format": WRITER_FORMAT, "hetero_tree": None if het is None else het.name, **(settings or {})}
     result = RecordResult(out)
-    bar = tqdm(total=scenarios * frames, unit="frame", disable=not progress, desc="simulate")
+    todo: List[_Job] = []
+    for k, split in enumerate(plan):
+        marker = marks / f"scenario_{k:04d}.json"
+        sseed = scenario_seed(seed, k)
+        done = json.loads(marker.read_text()) if marker.exists() else None
+        if done is not None and done.get("seed") == sseed and done.get("split") == split \
+                and done.get("run") == run and all((root / split / str(done.get("scenario"))).is_dir()
+                                                   for root in {out, het or out}):
+            result.skipped.append(done["scenario"])
+            result.assignment[done["scenario"]] = done["assignment"]
+            result.splits[done["scenario"]] = split
+        else:
+            todo.append(_Job(k, split, sseed, frames, out, het, run, write_cameras, pcd_data))
+    bar = tqdm(total=scenarios * frames, initial=(scenarios - len(todo)) * frames, unit="frame",
+               disable=not progress, desc="simulate")
     try:
-        for k, split in enumerate(plan):
-            marker = marks / f"scenario_{k:04d}.json"
-            sseed = scenario_seed(seed, k)
-            done = json.loads(marker.read_text()) if marker.exists() else None
-            if done is not None and done.get("seed") == sseed and done.get("split") == split \
-                    and done.get("run") == run and all((root / split / str(done.get("scenario"))).is_dir()
-                                                       for root in {out, het or out}):
-                result.skipped.append(done["scenario"])
-                result.assignment[done["scenario"]] = done["assignment"]
-                result.splits[done["scenario"]] = split
-                bar.update(frames)
-                continue
-            world.reset(sseed)
-            name = world.scenario
-            if name in result.splits:
-                raise RuntimeError(f"scenario name {name!r} repeats (scenarios {k} and an earlier one); "
-                                   f"choose another --seed")
-            for scen_dir in {out / split / name, (het or out) / split / name}:
-                if scen_dir.exists():
-                    shutil.rmtree(scen_dir)   # left over from an interrupted run
-            bar.set_postfix_str(f"{split}/{name}")
-            for _ in range(frames):
-                frame = world.tick()
-                frame.split = split
-                write_opv2v_frame(out, split, frame, pcd_data=pcd_data, write_cameras=write_cameras,
-                                  hetero_root=het)
-                result.frames.append(out / split / name / str(frame.agents[0].agent_id) / f"{frame.timestamp}.yaml")
-                bar.update(1)
-            assignment = {str(a.agent_id): a.agent_type for a in world.agents}
-            write_data_protocol(out, split, name, {**world.protocol(), "recorder": run})
-            _write_json_atomic(marker, {"index": k, "seed": sseed, "split": split, "scenario": name,
-                                        "assignment": assignment, "run": run})
-            result.recorded.append(name)
-            result.assignment[name] = assignment
-            result.splits[name] = split
+        if workers > 1 and len(todo) > 1:
+            if world_factory is None:
+                raise ValueError("record(workers > 1) needs world_factory (each worker process builds its own world)")
+            done_jobs = _run_pool(todo, world_factory, workers, bar)
+        else:
+            seen = set(result.splits)
+            done_jobs = [_record_scenario(world, job, seen, bar) for job in todo]
     finally:
         bar.close()
+    for job, (name, assignment, paths) in sorted(zip(todo, done_jobs), key=lambda jd: jd[0].index):
+        if name in result.splits:
+            raise RuntimeError(f"scenario name {name!r} repeats (scenarios {job.index} and an earlier one); "
+                               f"choose another --seed")
+        result.recorded.append(name)
+        result.assignment[name] = assignment
+        result.splits[name] = job.split
+        result.frames.extend(paths)
     write_modality_json(out / MODALITY_JSON, result.assignment)
     return result
 
