@@ -20,6 +20,7 @@ from .inputs import EncoderOutput
 from .losses import DetectionLoss, LossTerms
 from .lss import LSSEncoder
 from .pointpillars import PointPillarEncoder
+from .pyramid_method import PyramidFusionMethod  # noqa: F401  (registers model.fusion: pyramid)
 from .second import SecondEncoder
 
 REGISTRY: Dict[str, type] = {

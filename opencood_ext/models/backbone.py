@@ -9,6 +9,7 @@ level's total stride.
 """
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from typing import Callable, Sequence, Tuple
@@ -18,16 +19,16 @@ from torch import nn
 
 
 class BasicBlock(nn.Module):
-    """Two 3x3 convs with BN and an identity (or 1x1 strided) shortcut."""
+    """Two 3x3 convs with BN (``eps``) and an identity (or 1x1 strided) shortcut."""
 
-    def __init__(self, cin: int, cout: int, stride: int = 1):
+    def __init__(self, cin: int, cout: int, stride: int = 1, eps: float = 1e-3):
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01)
+        self.bn1 = nn.BatchNorm2d(cout, eps=eps, momentum=0.01)
         self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01)
+        self.bn2 = nn.BatchNorm2d(cout, eps=eps, momentum=0.01)
         self.shortcut = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
-            nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01))
+            nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout, eps=eps, momentum=0.01))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.bn2(self.conv2(self.bn1(self.conv1(x)).relu()))
@@ -62,6 +63,8 @@ class _LevelBackbone(nn.Module):
                  make_level: Callable[[int, int, int, int], nn.Module]):
         super().__init__()
         n = len(layer_nums)
+        if not len(upsample_strides) and not len(num_upsample_filters):  # no resampling: the levels as they are
+            upsample_strides, num_upsample_filters = [None] * n, list(num_filters)
         if not n or any(len(x) != n for x in (layer_strides, num_filters, upsample_strides, num_upsample_filters)):
             raise ValueError(f"backbone: layer_nums, layer_strides, num_filters, upsample_strides and "
                              f"num_upsample_filters need the same non-zero length; got {list(layer_nums)}, "
@@ -73,8 +76,8 @@ class _LevelBackbone(nn.Module):
                                           num_upsample_filters):
             levels.append(make_level(cin, int(c), int(num), int(stride)))
             total *= int(stride)
-            upf = Fraction(up).limit_denominator(64)
-            ups.append(_resample(int(c), int(cu), upf))
+            upf = Fraction(1) if up is None else Fraction(up).limit_denominator(64)
+            ups.append(nn.Identity() if up is None else _resample(int(c), int(cu), upf))
             strides.add(total / upf)
             cin = int(c)
         if len(strides) != 1:
@@ -103,8 +106,8 @@ class _LevelBackbone(nn.Module):
         return torch.cat(outs, dim=1)
 
 
-def _residual_level(cin: int, cout: int, num: int, stride: int) -> nn.Module:
-    return nn.Sequential(BasicBlock(cin, cout, stride), *[BasicBlock(cout, cout) for _ in range(num - 1)])
+def _residual_level(cin: int, cout: int, num: int, stride: int, eps: float = 1e-3) -> nn.Module:
+    return nn.Sequential(BasicBlock(cin, cout, stride, eps), *[BasicBlock(cout, cout, eps=eps) for _ in range(num - 1)])
 
 
 def _plain_level(cin: int, cout: int, num: int, stride: int) -> nn.Module:
@@ -126,14 +129,17 @@ class ResNetBEVBackbone(_LevelBackbone):
     and width ``num_filters[i]``; each level is resampled by ``upsample_strides[i]``
     to ``num_upsample_filters[i]`` channels; the levels are concatenated.
     out_channels = sum(num_upsample_filters); out_stride = common overall stride.
+    Empty ``upsample_strides`` and ``num_upsample_filters``: no resampling, the levels are concatenated
+    as they are (they must end on one grid; HEAL's ResNetBEVBackbone without ``upsample_strides``).
+    norm_eps: the blocks' BatchNorm eps (HEAL's residual blocks: 1e-5).
     """
 
     def __init__(self, in_channels: int, layer_nums: Sequence[int] = (3, 4, 5),
                  layer_strides: Sequence[int] = (2, 2, 2), num_filters: Sequence[int] = (64, 128, 256),
                  upsample_strides: Sequence[float] = (1, 2, 4),
-                 num_upsample_filters: Sequence[int] = (128, 128, 128)):
+                 num_upsample_filters: Sequence[int] = (128, 128, 128), norm_eps: float = 1e-3):
         super().__init__(in_channels, layer_nums, layer_strides, num_filters, upsample_strides,
-                         num_upsample_filters, _residual_level)
+                         num_upsample_filters, functools.partial(_residual_level, eps=float(norm_eps)))
 
 
 class BaseBEVBackbone(_LevelBackbone):

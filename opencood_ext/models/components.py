@@ -15,6 +15,7 @@ from ..registry import Registry
 from .backbone import BaseBEVBackbone, DownsampleConv, ResNetBEVBackbone, ShrinkConv
 from .lss import LSSEncoder
 from .pointpillars import PointPillarEncoder
+from .pyramid_fusion import NoShrink
 from .second import SecondEncoder
 
 
@@ -81,4 +82,5 @@ BACKBONES = Registry("backbone", "BEV backbones (model.agent_types.<t>.backbone.
 SHRINKS = Registry("shrink", "shrink headers after the BEV backbone (model.agent_types.<t>.shrink.type)", {
     "conv_bn": ShrinkConv,
     "downsample_conv": DownsampleConv,
+    "none": NoShrink,
 })

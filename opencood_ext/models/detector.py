@@ -39,11 +39,12 @@ from .fusion_methods import FUSION_METHODS, ModelOutput
 from .head import AnchorHead, HeadOutput
 from .links import LINKS
 from .losses import DetectionLoss, LossOutput
+from .pyramid_fusion import PyramidFusion
 from .v2xvit import V2XViTFusion
 
 FUSION_OPS = Registry("fusion op", "fusion of the ego's and the received features (model.fusion_op, "
                       "its arguments in model.fusion_args)",
-                      {"att": AttFusion, "max": MaxFusion, "v2xvit": V2XViTFusion})
+                      {"att": AttFusion, "max": MaxFusion, "v2xvit": V2XViTFusion, "pyramid": PyramidFusion})
 
 
 @dataclass
@@ -128,13 +129,14 @@ class CooperativeDetector(nn.Module):
                           channels=self.channels)
         if post_fusion_layers < 0:
             raise ValueError(f"model.post_fusion_layers must be >= 0, got {post_fusion_layers}")
+        fused = getattr(self.fuse, "out_channels", self.channels)  # a fusion op may change the width
         self.post_fusion = nn.Sequential(*[
-            nn.Sequential(nn.Conv2d(self.channels, self.channels, 3, padding=1, bias=False),
-                          nn.BatchNorm2d(self.channels), nn.ReLU(inplace=True))
+            nn.Sequential(nn.Conv2d(fused, fused, 3, padding=1, bias=False),
+                          nn.BatchNorm2d(fused), nn.ReLU(inplace=True))
             for _ in range(post_fusion_layers)])
         self.anchor_gen = AnchorGenerator(self.lidar_range, self.grid.shape, **dict(anchors or {}))
         self.register_buffer("anchors", self.anchor_gen.flat(), persistent=False)
-        self.head = AnchorHead(self.channels, num_anchors_per_loc=self.anchor_gen.num_per_loc,
+        self.head = AnchorHead(fused, num_anchors_per_loc=self.anchor_gen.num_per_loc,
                                num_classes=self.anchor_gen.num_classes)
         self.coder = BoxCoder()
         self.pos_iou, self.neg_iou = pos_iou, neg_iou
