@@ -45,7 +45,11 @@ LINK_ARGS = {"gencomm": GENCOMM, "stamp": {"protocol": "m1", "hidden_channels": 
              "mpda": {"adapted_types": ["m2"], "resizer": {"mlp_dim": 16, "dim_head": 4},
                       "attention": {"heads": 2, "dim_head": 4}, "domain": {"hidden": 16}}}
 FUSION_OP_ARGS = {"v2xvit": dict(depth=1, agent_heads=2, agent_head_dim=8, windows=[4, 8], window_heads=[2, 1],
-                                 window_head_dims=[8, 16], mlp_dim=16, dropout=0.0)}
+                                 window_head_dims=[8, 16], mlp_dim=16, dropout=0.0),
+                  "pyramid": dict(layer_nums=[1, 1], layer_strides=[1, 2], num_filters=[8, 8], upsample_strides=[1, 2],
+                                  num_upsample_filters=[8, 8], resnext=False)}
+# fusion methods that need their own fusion op (the others run with max)
+FUSION_METHOD_OPS = {"pyramid": "pyramid"}
 CASES = ([("link", n) for n in LINKS] + [("fusion", n) for n in FUSION_METHODS]
          + [("fusion_op", n) for n in FUSION_OPS] + [("onboarding", n) for n in ONBOARDING])
 
@@ -55,7 +59,7 @@ def _model(registry: str, name: str) -> CooperativeDetector:
     if registry == "link":
         link = {**LINK_ARGS.get(name, {}), "type": name}
     elif registry == "fusion":
-        fusion = name
+        fusion, op = name, FUSION_METHOD_OPS.get(name, op)
     elif registry == "fusion_op":
         op = name
     else:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from ..models.backbone import BaseBEVBackbone, DownsampleConv, ResNetBEVBackbone
 from ..models.head import BOX_DIM, AnchorHead
 from ..models.pointpillars import PointPillarEncoder
+from ..models.pyramid_fusion import PyramidFusion
 from ..models.second import SecondEncoder
 
 # ---------------------------------------------------------------- tensor transforms
@@ -116,6 +117,16 @@ LAYOUTS: Dict[type, Layout] = {
         transforms=(("ups.{i}.0.weight", unit_deconv),)),
     # opencood/models/sub_modules/downsample_conv.py DownsampleConv: layers.<i>.double_conv = conv, ReLU, conv, ReLU
     DownsampleConv: Layout(keys=(("layers.{i}.double_conv.{a:0|2}.{p}", "layers.{i}.{a:0|2}.{p}"),)),
+    # fuse_modules/pyramid_fuse.py PyramidFusion (pyramid_backbone: ResNetModified levels resnet.layer<i>,
+    # deblocks, single_head_<i>) and heter_pyramid_collab.py's shrink_conv (DownsampleConv after the fusion)
+    PyramidFusion: Layout(
+        keys=(("pyramid_backbone.resnet.layer{i}.{j}.{m:conv1|bn1|conv2|bn2|conv3|bn3}.{p}",
+               "backbone.levels.{i}.{j}.{m}.{p}"),
+              ("pyramid_backbone.resnet.layer{i}.{j}.downsample.{a}.{p}", "backbone.levels.{i}.{j}.shortcut.{a}.{p}"),
+              ("pyramid_backbone.deblocks.{i}.{a}.{p}", "backbone.ups.{i}.{a}.{p}"),
+              ("pyramid_backbone.single_head_{i}.{p}", "occupancy.{i}.{p}"),
+              ("shrink_conv.layers.{i}.double_conv.{a:0|2}.{p}", "shrink.layers.{i}.{a}.{p}")),
+        transforms=(("backbone.ups.{i}.0.weight", unit_deconv),)),
     # heter_model_baseline*.py: cls_head, reg_head, dir_head (1x1 convs on the fused feature)
     AnchorHead: Layout(
         keys=(("cls_head.{p}", "cls.{p}"), ("reg_head.{p}", "reg.{p}"), ("dir_head.{p}", "dir.{p}")),
@@ -133,6 +144,7 @@ SLOTS: Tuple[Tuple[str, str], ...] = (
     ("link.safg.{t}", "gencomm"),
     ("link.enhancer.{t}", "enhancer"),
     ("post_fusion", "shrink_conv"),
+    ("fuse", ""),  # the pyramid fusion: pyramid_backbone.* and shrink_conv.* (its layout names both)
     ("head", ""),
 )
 
@@ -161,7 +173,8 @@ REFERENCE_MODULES: Tuple[Tuple[str, str], ...] = (
     (r"enhancer\.", "Enhancer (enhancer variant: reference)"),
     (r"encoder_m\d+\.camencode\.", "LSS image encoder (EfficientNet / ResNet trunk)"),
     (r"shrink_conv\.", "shared DownsampleConv after fusion"),
-    (r"(aligner_m\d+|pyramid_backbone|compressor|fusion_net)\.", "a module this framework does not have"),
+    (r"pyramid_backbone\.", "PyramidFusion (model.fusion: pyramid, fusion_op: pyramid)"),
+    (r"(aligner_m\d+|compressor|fusion_net)\.", "a module this framework does not have"),
     (r"(cls|reg|dir)_head_single\.", "per-agent auxiliary heads (supervise_single)"),
 )
 

@@ -88,7 +88,8 @@ class PyramidFusion(nn.Module):
     resnext: ResNeXt bottleneck blocks (HEAL's setting) or basic blocks.
     shrink: optional DownsampleConv after the fusion (``{kernel_size, stride, padding, dims}``, stride 1:
         the grid is kept); ``out_channels`` is its last width, else sum(num_upsample_filters).
-    occupancy_weights: the foreground loss weight of each level (0 everywhere: no foreground loss).
+    occupancy_weights: the foreground loss weight of each level (0 everywhere: no foreground loss); None:
+        0.4 halved per level (HEAL's 0.4, 0.2, 0.1).
     occupancy_pos_weight: weight of a positive cell in the foreground loss (HEAL's pos_cls_weight).
 
     Under ``model.fusion: pyramid`` (:mod:`.pyramid_method`) the features arrive in their senders' frames
@@ -100,7 +101,7 @@ class PyramidFusion(nn.Module):
                  layer_strides: Sequence[int] = (1, 2, 2), num_filters: Sequence[int] = (64, 128, 256),
                  upsample_strides: Sequence[int] = (1, 2, 4), num_upsample_filters: Sequence[int] = (128, 128, 128),
                  resnext: bool = True, shrink: Optional[Mapping] = None,
-                 occupancy_weights: Sequence[float] = (0.4, 0.2, 0.1), occupancy_pos_weight: float = 2.0):
+                 occupancy_weights: Optional[Sequence[float]] = None, occupancy_pos_weight: float = 2.0):
         super().__init__()
         self.channels = int(channels)
         self.backbone = _LevelBackbone(channels, layer_nums, layer_strides, num_filters, upsample_strides,
@@ -110,6 +111,8 @@ class PyramidFusion(nn.Module):
                              f"== upsample_strides[i]); they end at stride {self.backbone.out_stride}")
         self.strides = [int(math.prod(int(s) for s in layer_strides[:i + 1])) for i in range(len(layer_nums))]
         self.occupancy = nn.ModuleList(nn.Conv2d(int(c), 1, 1) for c in num_filters)
+        if occupancy_weights is None:
+            occupancy_weights = [0.4 / 2 ** i for i in range(len(layer_nums))]
         if len(occupancy_weights) != len(layer_nums) or any(float(w) < 0 for w in occupancy_weights):
             raise ValueError(f"pyramid fusion: occupancy_weights needs one weight >= 0 per level "
                              f"({len(layer_nums)}), got {list(occupancy_weights)}")
