@@ -24,6 +24,11 @@ an alliance agent). With ``skip_bad_frames`` the sample of such a frame is
 out of its batch, so an epoch sees every good frame exactly once and no frame
 twice.
 
+``protocol="reference"`` follows the GenComm reference / HEAL datasets instead
+(:mod:`~opencood_ext.data.reference`): their agent order and selection (the first
+``max_agents`` agents before the range check), ground truth from the selected agents'
+labels only, and each agent's own-vehicle points removed.
+
 Data faults (an agent missing inside its recording span, a stray timestamp,
 NaN/inf points; :mod:`~opencood_ext.data.faults`) are warned about by file;
 with ``data.strict`` they are DataFaultErrors (DataFormatErrors), which
@@ -31,6 +36,7 @@ with ``data.strict`` they are DataFaultErrors (DataFormatErrors), which
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Dict, List, Literal, Optional, Tuple
@@ -45,6 +51,7 @@ from .data_config import AgentTypeData, DataConfig  # noqa: F401  (re-exported: 
 from .errors import DataFormatError, SkippedFrame
 from .frame import AgentObs, Frame
 from .ground_truth import frame_ground_truth
+from .reference import reference_order, reference_selection, remove_own_points
 from .voxelize import VoxelData, Voxelizer
 
 log = logging.getLogger(__name__)
@@ -130,11 +137,15 @@ class CooperativeDataset(Dataset):
     latency_frames: each collaborator's data (and pose) come from that many frames earlier in
     the same scenario, clamped at its first frame (OpenCOOD's time-delay protocol); evaluation
     only. A collaborator absent from the earlier frame sends nothing.
+    protocol: "native" or "reference" (the experiment's ``protocol:``; module docstring).
     """
 
     def __init__(self, reader, cfg: DataConfig, voxel_sizes: Dict[str, Optional[tuple]], train: bool,
                  cooperation: Literal["all", "ego_only", "early"] = "all", seed: int = 0,
-                 latency_frames: int = 0):
+                 latency_frames: int = 0, protocol: Literal["native", "reference"] = "native"):
+        if protocol not in ("native", "reference"):
+            raise ValueError(f"protocol must be 'native' or 'reference', got {protocol!r}")
+        self.protocol = protocol
         self.reader = reader
         self.cfg = cfg
         if cfg.strict:
@@ -182,8 +193,11 @@ class CooperativeDataset(Dataset):
 
     # ------------------------------------------------------------------ selection
     def read_frame(self, index: int) -> Frame:
-        """The reader's frame with ``data.modality`` overrides applied to agent types."""
+        """The reader's frame with ``data.modality`` overrides applied to agent types (under the
+        reference protocol, agents in its order first, so a ``cycle:`` follows that order)."""
         frame = self.reader[index]
+        if self.protocol == "reference":  # a new Frame: a reader's cached one keeps its order
+            frame = dataclasses.replace(frame, agents=reference_order(frame.agents))
         if self.forced_types:
             for k, a in enumerate(frame.agents):
                 a.agent_type = self.forced_types[k % len(self.forced_types)]
@@ -201,6 +215,11 @@ class CooperativeDataset(Dataset):
             raise DataFormatError(frame.source or frame.scenario, f"frame {frame.timestamp}: no agent of the "
                                   f"alliance types {sorted(self.cfg.agent_types)}; agent types here are "
                                   f"{sorted({a.agent_type for a in frame.agents})}")
+        if self.protocol == "reference" and not (self.train and self.cfg.random_ego):
+            if with_collaborators is None:
+                with_collaborators = self.cooperation != "ego_only"
+            return reference_selection(frame.agents, self.cfg.agent_types, self.cfg.comm_range,
+                                       self.cfg.max_agents, with_collaborators)
         if self.train and self.cfg.random_ego:
             # any VEHICLE may be ego; a roadside unit's LiDAR sits metres higher, so the z range and
             # anchors of a vehicle ego do not fit it (the evaluation ego is always a vehicle)
@@ -219,8 +238,14 @@ class CooperativeDataset(Dataset):
 
     # ------------------------------------------------------------------ per type
     def lidar_points(self, agent: AgentObs, beams: int, frame: Optional[Frame] = None) -> np.ndarray:
-        """The agent's scan with ``beams`` rings (N, 4) in its own LiDAR frame; a missing
-        reduced scan is a DataFormatError naming the agent and, given its ``frame``, the file."""
+        """The agent's scan with ``beams`` rings (N, 4) in its own LiDAR frame (under the reference
+        protocol without the agent's own-vehicle returns); a missing reduced scan is a
+        DataFormatError naming the agent and, given its ``frame``, the file."""
+        if self.protocol == "reference":
+            return remove_own_points(self._scan(agent, beams, frame))
+        return self._scan(agent, beams, frame)
+
+    def _scan(self, agent: AgentObs, beams: int, frame: Optional[Frame]) -> np.ndarray:
         if beams == 64:
             return agent.lidar
         if beams not in agent.lidar_beams:
@@ -331,7 +356,11 @@ class CooperativeDataset(Dataset):
         A = sample_augmentation(self.cfg.augment, rng) if self.train else np.eye(4)
         T_augego_from_world = A @ invert_transform(ego.T_world_from_lidar)
         T_world_from_augego = invert_transform(T_augego_from_world)
-        gt = frame_ground_truth(frame, T_world_from_augego, self.cfg.lidar_range, classes=list(self.class_table))
+        reference = self.protocol == "reference" and not (self.train and self.cfg.random_ego)
+        # reference: the labels of the agents it selects (with collaborators, whatever the fusion)
+        labelled = [a.agent_id for a in self.select_agents(frame, rng, True)] if reference else None
+        gt = frame_ground_truth(frame, T_world_from_augego, self.cfg.lidar_range, classes=list(self.class_table),
+                                visible_to=labelled)
         times = [timestamp_value(frame.timestamp)] * len(agents)
         if self.latency_frames:
             agents, times = self._stale(index, agents, times[0])

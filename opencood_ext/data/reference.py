@@ -1,0 +1,61 @@
+"""The GenComm reference / HEAL datasets' agent and point rules, for ``protocol: reference``
+(docs/protocol.md, "Reference protocol: evaluation", lists each with its source file).
+
+* Agent order: ids compared as STRINGS ("-1" < "1041" < "650"), then a roadside unit that
+  sorts first moves to the end (only that one). The first agent is the ego; when its type is
+  not in the alliance, the first alliance agent in string order is the ego and every other
+  agent follows in string order (no roadside-unit move then).
+* Selection: the first ``max_cav`` agents of that order are taken BEFORE the communication
+  range and the alliance types are checked, so an agent out of range or of another type still
+  uses up a place.
+* Each LiDAR agent drops its own vehicle's returns: points with x in [-1.95, 2.95] and y in
+  [-1.1, 1.1] m in its own sensor frame (z not checked; applied to roadside units too).
+"""
+from __future__ import annotations
+
+from typing import Iterable, List, Sequence
+
+import numpy as np
+
+from .frame import AgentObs
+
+# (xmin, xmax, ymin, ymax) metres, bounds inclusive: the reference's own-vehicle box
+OWN_VEHICLE_BOX = (-1.95, 2.95, -1.1, 1.1)
+
+
+def reference_order(agents: Sequence[AgentObs]) -> List[AgentObs]:
+    """Agents in the reference's order: string-sorted ids, a leading roadside unit moved last."""
+    out = sorted(agents, key=lambda a: str(a.agent_id))
+    if out and out[0].agent_id < 0:
+        out = out[1:] + out[:1]
+    return out
+
+
+def reference_selection(agents: Sequence[AgentObs], alliance: Iterable[str], comm_range: float,
+                        max_cav: int, with_collaborators: bool = True) -> List[AgentObs]:
+    """Ego first, then the collaborators the reference keeps (module docstring).
+
+    agents: the frame's agents in :func:`reference_order`; alliance: the agent types taking part.
+    Raises ValueError when no agent is of an alliance type."""
+    types = set(alliance)
+    ordered = list(agents)
+    if not any(a.agent_type in types for a in ordered):
+        raise ValueError(f"no agent of the alliance types {sorted(types)}")
+    if ordered[0].agent_type not in types:
+        ego = next(a for a in sorted(ordered, key=lambda a: str(a.agent_id)) if a.agent_type in types)
+        ordered = [ego] + sorted((a for a in ordered if a is not ego), key=lambda a: str(a.agent_id))
+    ego = ordered[0]
+    if not with_collaborators:
+        return [ego]
+    ego_xy = ego.T_world_from_lidar[:2, 3]
+    taken = ordered[:max(int(max_cav), 1)]
+    return [ego] + [a for a in taken[1:] if a.agent_type in types
+                    and np.linalg.norm(a.T_world_from_lidar[:2, 3] - ego_xy) <= comm_range]
+
+
+def remove_own_points(points: np.ndarray) -> np.ndarray:
+    """(N, C) points in an agent's own sensor frame -> those outside :data:`OWN_VEHICLE_BOX`."""
+    x0, x1, y0, y1 = OWN_VEHICLE_BOX
+    p = np.asarray(points)
+    own = (p[:, 0] >= x0) & (p[:, 0] <= x1) & (p[:, 1] >= y0) & (p[:, 1] <= y1)
+    return p[~own]
