@@ -18,6 +18,11 @@ What a type's messages carry: --blank_messages m2 --label blank_m2 evaluates wit
 collaborators sending all-zero feature maps (they still take part), into eval_blank_m2.json;
 ``tools/compare.py RUN:dyn_m1+m2 RUN:blank_m2`` then gives the paired difference.
 
+The detection area: --range X,Y evaluates x in [-X, X], y in [-Y, Y] (z bounds kept), as the
+reference's inference script: the LiDAR crop, voxel grid, anchors, ground truth and the prediction
+range mask all follow it (data.lidar_range). Under ``protocol: reference`` the default is the
+reference's (102.4,51.2; opencood_ext/eval/detection_range.py), under native the config's range.
+
 Writes eval_<method>.yaml / .json (eval_dynamic.json) and bev/*.png into the run folder, and
 the evaluation's stamp eval_<label>.inputs.json (its command, code and input files). --reuse skips
 an evaluation whose stamp is current: the same settings, code, run weights and config, test data.
@@ -61,6 +66,10 @@ def main(argv=None) -> int:
     p.add_argument("--reuse", action="store_true",
                    help="do nothing when the run folder already holds this evaluation and its stamp records the "
                         "same settings, code and input files (the main job's resume rule)")
+    p.add_argument("--range", default=None, metavar="X,Y",
+                   help="evaluate x in [-X, X], y in [-Y, Y] metres (the reference's --range: LiDAR crop, grid, "
+                        "anchors, ground truth and predictions); default: the config's range, or under protocol "
+                        "reference the reference's default 102.4,51.2")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -83,8 +92,10 @@ def _run(args) -> int:
     from opencood_ext.comm.channel import ChannelConfig, parse_pose_noise
     from opencood_ext.training.checkpoint import seed_everything
     from opencood_ext.cli.errors import check_label
+    from opencood_ext.eval.detection_range import evaluation_range, parse_range, range_override
 
     check_label(args.label)  # eval_<label>.json is written into the run folder: a plain name, never a path
+    given_range = parse_range(args.range)
     if args.late_of:
         from opencood_ext.runs import late_fusion_of
         if args.out is None or args.model_dir is not None:
@@ -92,13 +103,23 @@ def _run(args) -> int:
         pairs = [item.split("=", 1) for item in args.late_of]
         if any(len(pair) != 2 for pair in pairs):
             raise ValueError(f"--late_of takes TYPE=RUN, got {args.late_of}")
-        cfg, model = late_fusion_of({t: Path(r) for t, r in pairs}, pairs[0][0], args.overrides)
+
+        def load(overrides):
+            return late_fusion_of({t: Path(r) for t, r in pairs}, pairs[0][0], overrides)
         args.model_dir = args.out
         args.model_dir.mkdir(parents=True, exist_ok=True)
     elif args.model_dir is None:
         raise ValueError("give --model_dir RUN (or --late_of TYPE=RUN ... -o OUT)")
     else:
-        cfg, model = load_any_run(args.model_dir, args.overrides)
+        def load(overrides):
+            return load_any_run(args.model_dir, overrides)
+    cfg, model = load(args.overrides)
+    area = evaluation_range(cfg.protocol, cfg.data.format, cfg.data.lidar_range, given_range)
+    if area is not None:  # the model is rebuilt on the new grid (its weights do not depend on the grid size)
+        args.overrides = [*args.overrides, range_override(area)]
+        print(f"detection range {list(area)} (" + ("--range" if given_range else
+              f"protocol {cfg.protocol}: the reference's default") + f"; the config has {list(cfg.data.lidar_range)})")
+        cfg, model = load(args.overrides)
     if args.fusion_method:
         set_fusion(model, args.fusion_method)
     noise_m, noise_deg = parse_pose_noise(args.pose_noise)
