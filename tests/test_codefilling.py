@@ -85,7 +85,7 @@ def test_codes_round_trip_the_wire_exactly(codes, dtype, itemsize):
     batch = _batch()
     assert model.link.kind == "codes" and model.link.wire_dtype == dtype
     with torch.no_grad():
-        feats, _ = model.encode(batch)
+        feats = model.encode(batch).feats
         sent = model.method.send(model, batch, feats)
         pred = model.predict(batch)
     H, W = model.grid.shape

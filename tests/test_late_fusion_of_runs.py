@@ -38,7 +38,7 @@ def test_each_collaborator_detects_with_its_own_runs_model(stage1):
     assert "m3" in batch.agent_types[1:]
     with torch.no_grad():
         pred = model.predict(batch)
-        feats, _ = model.encode(batch)
+        feats = model.encode(batch).feats
     rows = pred.delivery.sent.source_row
     for k, r in enumerate(rows):
         t = batch.agent_types[r]

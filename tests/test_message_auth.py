@@ -128,7 +128,7 @@ def _dataset(n=1):
 
 def _alone(model, batch):
     with torch.no_grad():
-        feats, _ = model.encode(batch)
+        feats = model.encode(batch).feats
         return model.method.detect(model, batch, feats, model.method.send(model, batch, feats).select([]))[0]
 
 

@@ -115,7 +115,7 @@ def test_gencomm_ego_keeps_real_feature_and_warp_switch():
                                 fusion_op="max")
     model.eval()
     b = collate_samples([_dataset(model, "all")[0]])
-    feats, _ = model.encode(b)
+    feats = model.encode(b).feats
     own = ego_features(model, b, feats)
     torch.testing.assert_close(own[0], feats[0])  # no augmentation: the ego's feature is not resampled
     sent = model.method.send(model, b, feats)

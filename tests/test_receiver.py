@@ -53,7 +53,7 @@ def test_receiver_runs_from_encoded_bytes_and_its_own_pose_alone(link, fusion):
     with torch.no_grad():
         torch.manual_seed(1)  # GenComm's receiver draws diffusion noise: the same draws on both paths
         want = model.predict(full)
-        feats, _ = model.encode(full)
+        feats = model.encode(full).feats
         sent = model.method.send(model, full, feats)
         packets = [encode(sent.to_wire(i), model.method.wire_dtype(model)) for i in range(len(sent))]
     assert len(packets) == 2 and packets == [encode(want.delivery.sent.to_wire(i), model.method.wire_dtype(model))
@@ -66,7 +66,7 @@ def test_receiver_runs_from_encoded_bytes_and_its_own_pose_alone(link, fusion):
     assert all(isinstance(m, Message) for m in got)
     arrived = from_wire(got, [0] * len(got), [-1] * len(got))
     with torch.no_grad():
-        own_feats, _ = model.encode(own)
+        own_feats = model.encode(own).feats
         torch.manual_seed(1)
         dets = model.method.detect(model, own, own_feats, arrived)
     _same(dets[0], want.detections[0])
@@ -77,7 +77,7 @@ def _sent():
     model = _model()
     full = collate_samples([_dataset("all")[0]])
     with torch.no_grad():
-        feats, _ = model.encode(full)
+        feats = model.encode(full).feats
         sent = model.method.send(model, full, feats)
     return model, full, feats, sent
 

@@ -46,7 +46,7 @@ def _batch(model):
 def _alone(model, batch):
     """The ego's detections with no message at all."""
     with torch.no_grad():
-        feats, _ = model.encode(batch)
+        feats = model.encode(batch).feats
         sent = model.method.send(model, batch, feats)
         return model.method.detect(model, batch, feats, sent.select([]))[0]
 

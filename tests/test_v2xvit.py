@@ -179,7 +179,7 @@ def test_detector_passes_message_ages_to_the_delay_encoding():
     model.eval()
     with torch.no_grad():
         model(batch)
-        feats, _ = model.encode(batch)
+        feats = model.encode(batch).feats
         model.method.receive(model, batch, feats, model.method.send(model, batch, feats).select([]))
     assert seen == [[0.0, 2.0, 4.0], [0.0]]
 

@@ -40,6 +40,11 @@ def main(argv=None) -> int:
     p.add_argument("--method", default=None, help="onboarding method (default: the -y config's stage.method, "
                    "else gencomm); see opencood_ext.training.onboarding.ONBOARDING")
     p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--feature_cache", type=Path, default=None, metavar="DIR",
+                   help="keep what the frozen encoder stacks compute in DIR and reuse it (every epoch after the "
+                        "first, and across methods and evaluations on the same stage-1 runs); keyed by the "
+                        "weights and the input, so it never serves another checkpoint's or frame's feature "
+                        "(opencood_ext.models.feature_cache)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -76,6 +81,9 @@ def _onboard(args, plan) -> int:
     except ValueError as exc:
         raise ConfigError(f"onboarding: {exc}") from None
     cfg = plan.config
+    if args.feature_cache is not None:
+        from opencood_ext.models.feature_cache import FeatureCache
+        model.feature_cache = FeatureCache(args.feature_cache)
     train_set = build_dataset(cfg, cfg.data.train_split, train=True)
     val_set = build_dataset(cfg, cfg.data.val_split, train=False) if cfg.train.val_every else None
     try:
@@ -107,6 +115,10 @@ def _onboard(args, plan) -> int:
         print(f"  frozen parameters: {summary.frozen:,}; frozen BatchNorm layers: {len(summary.frozen_batchnorms)}")
         for t, s in stage1.items():
             print(f"  stage-1 training of {t}: {s:.0f} s; onboarding: {onboard_wall:.0f} s")
+        if model.feature_cache is not None:
+            st = model.feature_cache.stats
+            print(f"  feature cache {args.feature_cache}: {st.hits} agent encodings reused, {st.misses} computed "
+                  f"and kept, {st.skipped} computed and not kept (augmented egos)")
     D.cleanup()
     return 0
 

@@ -34,6 +34,7 @@ from ..registry import Registry
 from . import build
 from .anchors import AnchorGenerator, BoxCoder, Targets, assign_targets
 from .encoder_stack import EncoderStack
+from .feature_cache import Encoded, FeatureCache, frozen
 from .fusion import AttFusion, MaxFusion
 from .fusion_methods import FUSION_METHODS, ModelOutput
 from .head import AnchorHead, HeadOutput
@@ -45,6 +46,18 @@ from .v2xvit import V2XViTFusion
 FUSION_OPS = Registry("fusion op", "fusion of the ego's and the received features (model.fusion_op, "
                       "its arguments in model.fusion_args)",
                       {"att": AttFusion, "max": MaxFusion, "v2xvit": V2XViTFusion, "pyramid": PyramidFusion})
+
+
+@dataclass
+class Encodings:
+    """What :meth:`CooperativeDetector.encode` gives. feats: (N, C, H, W), each agent's feature in its
+    own frame (None when the batch has no encoder input, as in early fusion); depth_logits: per camera
+    type encoded now, (n_t, Ncam, D, h, w); depth_terms: per camera type a feature cache served,
+    the depth loss as (sum, count) per agent (:func:`~.lss.depth_loss_terms`)."""
+
+    feats: Optional[Tensor]
+    depth_logits: Dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    depth_terms: Dict[str, Tuple[Tensor, Tensor]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -102,6 +115,9 @@ class CooperativeDetector(nn.Module):
         self.receiver = ReceiverConfig()
         # late fusion of separately trained models: a type's own detector (sender_detections)
         self.sender_detectors = nn.ModuleDict()
+        # frozen encoder stacks' outputs kept on disk (tools set it: --feature_cache); None: encode every time
+        self.feature_cache: Optional[FeatureCache] = None
+        self._type_specs = {t: dict(spec) for t, spec in agent_types.items()}
         self.encoders = nn.ModuleDict({
             t: build(spec, {"stack": EncoderStack}, f"model.agent_types.{t}", default_type="stack",
                      lidar_range=self.lidar_range)
@@ -201,22 +217,32 @@ class CooperativeDetector(nn.Module):
     def voxel_sizes(self) -> Dict[str, Optional[tuple]]:
         return {t: s.voxel_size for t, s in self.encoders.items()}
 
-    def encode(self, batch) -> Tuple[Optional[Tensor], Dict[str, Tensor]]:
-        """-> features (N, C, H, W) each in its agent's frame (None when the batch has no encoder
-        input, as in early fusion), depth logits per camera type."""
+    def encode(self, batch) -> Encodings:
+        """Every agent's BEV feature, each in its agent's frame, and the camera types' depth outputs.
+        With :attr:`feature_cache` set, frozen stacks (:func:`~.feature_cache.frozen`) are served
+        through it; an augmented ego's input (training) is encoded every time and never stored."""
         H, W = self.grid.shape
-        feats = None
-        depth = {}
+        out = Encodings(feats=None)
+        cache = self.feature_cache
+        egos = set(batch.ego_index.tolist()) if self.training else set()
         for t, inp in batch.inputs.items():
             if t not in self.encoders:
                 raise KeyError(f"batch has agent type {t} but the model knows {sorted(self.encoders)}")
-            out = self.encoders[t](inp)
-            if feats is None:
-                feats = out.bev.new_zeros(batch.num_agents, self.channels, H, W)
-            feats = feats.index_copy(0, batch.type_index[t].to(out.bev.device), out.bev)
-            if out.depth_logits is not None:
-                depth[t] = out.depth_logits
-        return feats, depth
+            stack = self.encoders[t]
+            if cache is not None and frozen(stack):
+                store = [int(i) not in egos for i in batch.type_index[t]]
+                enc = cache.encode(stack, (self._type_specs[t], self.lidar_range), inp, store)
+            else:
+                plain = stack(inp)
+                enc = Encoded(bev=plain.bev, depth_logits=plain.depth_logits)
+            if out.feats is None:
+                out.feats = enc.bev.new_zeros(batch.num_agents, self.channels, H, W)
+            out.feats = out.feats.index_copy(0, batch.type_index[t].to(enc.bev.device), enc.bev)
+            if enc.depth_logits is not None:
+                out.depth_logits[t] = enc.depth_logits
+            if enc.depth_terms is not None:
+                out.depth_terms[t] = enc.depth_terms
+        return out
 
     def detect(self, bev: Tensor) -> HeadOutput:
         """(N, C, H, W) fused (or single-agent) BEV maps -> head maps: the post-fusion layers,
@@ -266,10 +292,10 @@ class CooperativeDetector(nn.Module):
 
     def forward(self, batch) -> ModelOutput:
         """Training and validation: messages travel in memory, so gradients reach the senders."""
-        feats, depth = self.encode(batch)
-        arrived = self.deliver(self.method.send(self, batch, feats), wire=False).arrived
-        out = self.method.receive(self, batch, feats, arrived)
-        out.depth_logits = depth
+        enc = self.encode(batch)
+        arrived = self.deliver(self.method.send(self, batch, enc.feats), wire=False).arrived
+        out = self.method.receive(self, batch, enc.feats, arrived)
+        out.depth_logits, out.depth_terms = enc.depth_logits, enc.depth_terms
         return out
 
     # ------------------------------------------------------------------ loss
@@ -292,6 +318,12 @@ class CooperativeDetector(nn.Module):
                 d = self.depth_weight * self.encoders[t].encoder.depth_loss(logits, inp.depth)
                 parts[f"depth_{t}"] = d
                 total = total + d
+        for t, (ce_sum, count) in out.depth_terms.items():  # agents a feature cache served
+            if batch.inputs[t].depth is not None and self.depth_weight > 0:
+                n = count.sum()
+                d = self.depth_weight * (ce_sum.sum() / n if int(n) > 0 else ce_sum.sum() * 0.0)
+                parts[f"depth_{t}"] = d
+                total = total + d
         for k, v in out.losses.items():
             parts[k] = v
             total = total + v
@@ -304,7 +336,7 @@ class CooperativeDetector(nn.Module):
         receiver's acceptance rules and per-frame checks, :meth:`receiver_contexts`). keys(b): the
         channel's draw key for sample b (default b). now: per sample, the receiver's time (default:
         its own data's timestamp)."""
-        feats, _ = self.encode(batch)
+        feats = self.encode(batch).feats
         contexts = self.receiver_contexts(batch)
         if now is not None:
             contexts = [dataclasses.replace(c, now=float(t)) for c, t in zip(contexts, now)]

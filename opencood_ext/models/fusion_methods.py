@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Dict, List, Optional
+from typing import ClassVar, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -56,11 +56,13 @@ FUSION_METHODS = Registry("fusion method", "what agents send and how the ego use
 
 @dataclass
 class ModelOutput:
-    """head: (B, ...) maps on the ego grid. depth_logits: per camera type (n_t, Ncam, D, h, w).
+    """head: (B, ...) maps on the ego grid. depth_logits: per camera type (n_t, Ncam, D, h, w);
+    depth_terms: per camera type a feature cache served, the depth loss as (sum, count) per agent.
     losses: auxiliary named losses of the receiver (e.g. GenComm's generation loss)."""
 
     head: HeadOutput
     depth_logits: Dict[str, Tensor] = field(default_factory=dict)
+    depth_terms: Dict[str, Tuple[Tensor, Tensor]] = field(default_factory=dict)
     losses: Dict[str, Tensor] = field(default_factory=dict)
 
 

@@ -84,7 +84,7 @@ class LiveCooperation:
         agents, sample = self._sample(frame)
         batch = collate_samples([sample])
         model, method = self.model, self.model.method
-        feats, _ = model.encode(batch)
+        feats = model.encode(batch).feats
         context = model.receiver_contexts(batch)[0]
         self._registry.update(context.registry or {})
         context = dataclasses.replace(context, registry=dict(self._registry))
