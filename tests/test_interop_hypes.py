@@ -125,11 +125,11 @@ def test_unsupported_keys_are_all_listed_with_file_and_path():
         convert_hypes_file(src)
     msg = str(err.value)
     for key in ("label_type", "box_align.train_result", "heter.modality_setting.m1.preprocess.cav_lidar_range",
-                "postprocess.order", "model.args.fusion_backbone.resnext", "model.args.compressor.input_dim",
+                "postprocess.order", "model.args.compressor.input_dim",
                 "model.args.num_class", "loss.core_method", "lr_scheduler.warmup_lr", "fusion.dataset",
                 "model.core_method", "model.args.fusion_method", "lr_scheduler.core_method"):
         assert f"{src}: key '{key}'" in msg, key
-    assert "v2xvit" in msg and "heter_pyramid_collab" in msg and "cosineannealwarm" in msg
+    assert "v2xvit" in msg and "heter_model_baseline_ms" in msg and "cosineannealwarm" in msg
 
 
 @pytest.mark.parametrize("old,new,key", [

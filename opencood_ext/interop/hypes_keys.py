@@ -63,6 +63,7 @@ ENCODERS: Dict[str, str] = {"point_pillar": "pointpillars", "second": "second", 
 SENSORS: Dict[str, str] = {"point_pillar": "lidar", "second": "lidar", "lift_splat_shoot": "camera"}
 MODELS: Dict[str, str] = {  # reference model -> our intermediate-fusion link
     "heter_model_baseline": "full_feature",
+    "heter_pyramid_collab": "full_feature",  # fusion: pyramid (hypes_pyramid.py)
     "heter_model_baseline_w_gencomm_stage1": "gencomm",
     "heter_model_baseline_w_gencomm_stage2": "gencomm",
 }
@@ -232,7 +233,8 @@ KEYS: Dict[str, Rule] = {
     "model.args.dir_args.anchor_yaw": Same("direction bins", "postprocess.dir_args.anchor_yaw"),
     "model.args.num_class": Fixed((1,), "single-class detection"),
     "model.args.missing_message": Fixed((False,), "random message dropping at evaluation"),
-    "model.args.supervise_single": Fixed((False,), "per-agent auxiliary heads"),
+    "model.args.supervise_single": Mapped("model.fusion_args.occupancy_weights (heter_pyramid_collab: its "
+                                          "foreground loss; any other model: must be false)"),
     "model.args.message_extractor.in_ch": Same("equal to the feature width"),
     "model.args.message_extractor.out_ch": Mapped("model.link.message.message_channels (variant: reference)"),
     "model.args.enhancer": Mapped("model.link.enhancer (variant: reference)"),
@@ -253,8 +255,25 @@ KEYS: Dict[str, Rule] = {
     "model.args.gencomm.diffusion.beta_start": Dropped(_GENCOMM_BETAS),
     "model.args.gencomm.diffusion.beta_end": Dropped(_GENCOMM_BETAS),
     "model.args.gencomm.diffusion.num_diffusion_timesteps": Mapped("model.link.generator.num_steps"),
+    # ---------------------------------------------------------------- HEAL's Pyramid Fusion (heter_pyramid_collab)
+    "model.args.fusion_backbone.resnext": Mapped("model.fusion_args.resnext"),
+    "model.args.fusion_backbone.layer_nums": Mapped("model.fusion_args.layer_nums"),
+    "model.args.fusion_backbone.layer_strides": Mapped("model.fusion_args.layer_strides"),
+    "model.args.fusion_backbone.num_filters": Mapped("model.fusion_args.num_filters"),
+    "model.args.fusion_backbone.upsample_strides": Mapped("model.fusion_args.upsample_strides"),
+    "model.args.fusion_backbone.num_upsample_filter": Mapped("model.fusion_args.num_upsample_filters"),
+    "model.args.fusion_backbone.inplanes": Same("equal to the agents' feature width"),
+    "model.args.fusion_backbone.anchor_number": Dropped("stored in PyramidFusion's config, never read"),
+    "model.args.fusion_backbone.align_corners": Fixed((False,), "grid sampling without align_corners"),
+    "model.args.shrink_header.kernal_size": Mapped("model.fusion_args.shrink.kernel_size"),
+    "model.args.shrink_header.stride": Mapped("model.fusion_args.shrink.stride"),
+    "model.args.shrink_header.padding": Mapped("model.fusion_args.shrink.padding"),
+    "model.args.shrink_header.dim": Mapped("model.fusion_args.shrink.dims"),
+    "model.args.shrink_header.input_dim": Same("equal to the fusion backbone's width (sum num_upsample_filter)"),
+    "loss.args.pyramid.weight": Mapped("model.fusion_args.occupancy_weights"),
+    "loss.args.pyramid.relative_downsample": Same("equal to each level's stride, prod(layer_strides[:i + 1])"),
     # ---------------------------------------------------------------- loss, optimiser, schedule
-    "loss.core_method": Fixed(("point_pillar_loss", "point_pillar_depth_loss", "point_pillar_gencomm_loss"),
+    "loss.core_method": Fixed(("point_pillar_loss", "point_pillar_depth_loss", "point_pillar_pyramid_loss", "point_pillar_gencomm_loss"),
                               "detection loss"),
     "loss.args.pos_cls_weight": Dropped("our focal loss weighs positive anchors 1 (the reference: "
                                         "pos_cls_weight)"),

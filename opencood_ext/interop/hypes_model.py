@@ -12,6 +12,7 @@ import re
 from typing import List
 
 from .hypes_keys import ENCODERS, FUSION_OPS, MODELS, SENSORS
+from .hypes_pyramid import PYRAMID_MODELS, check_pyramid, pyramid_fusion, pyramid_stack
 from .hypes_reader import HypesReader, same_value
 
 # widths of our LSS image net's stride-2 blocks; the reference's img_downsample picks how many
@@ -81,6 +82,8 @@ def _stack(r: HypesReader, m: str) -> dict:
         voxel = r.get(f"{setting}.preprocess.args.voxel_size")
         encoder = _pillars(r, m, voxel) if ENCODERS[core] == "pointpillars" else _second(r, m, voxel)
     bb = f"{args}.backbone_args"
+    if r.get("model.core_method", None) in PYRAMID_MODELS:  # HEAL's ResNetBEVBackbone, identity aligner
+        return {"encoder": encoder, **pyramid_stack(r, m)}
     # the reference's per-type BaseBEVBackbone and DownsampleConv shrink header: ours of the same structure
     backbone = {"type": "base_bev", "layer_nums": r.get(f"{bb}.layer_nums"),
                 "layer_strides": r.get(f"{bb}.layer_strides"), "num_filters": r.get(f"{bb}.num_filters"),
@@ -162,6 +165,8 @@ def model_section(r: HypesReader, types: List[str]) -> dict:
     if r.has("loss.args.reg.sigma"):
         loss["smooth_l1_beta"] = 1.0 / float(r.get("loss.args.reg.sigma")) ** 2
     model["loss"] = loss
+    if core in PYRAMID_MODELS:
+        model.update(pyramid_fusion(r, types))
     if r.has("loss.args.depth.weight"):
         model["depth_weight"] = r.get("loss.args.depth.weight")
     return model
@@ -169,7 +174,7 @@ def model_section(r: HypesReader, types: List[str]) -> dict:
 
 def check_model(r: HypesReader, model) -> None:
     """Widths and the feature grid the file states, against the model built from the conversion."""
-    c = model.channels
+    c = getattr(model.fuse, "out_channels", model.channels)  # the width the head reads
     for key in ("model.args.att.feat_dim", "model.args.max.feat_dim", "model.args.in_head",
                 "model.args.message_extractor.in_ch", "model.args.enhancer.in_ch",
                 "model.args.gencomm.model.in_channels", "model.args.gencomm.model.out_ch"):
@@ -190,3 +195,4 @@ def check_model(r: HypesReader, model) -> None:
             r.refuse("postprocess.anchor_args.feature_stride",
                      f"anchors on {want} m cells (voxel x feature_stride) but the converted model's feature "
                      f"cell is {model.grid.cell} m")
+    check_pyramid(r, model)

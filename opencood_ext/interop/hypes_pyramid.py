@@ -1,0 +1,70 @@
+"""HEAL's ``heter_pyramid_collab`` hypes -> ``model.fusion: pyramid`` (the model-family part of the importer).
+
+Per type HEAL runs encoder -> ResNetBEVBackbone (``backbone_args``; without ``upsample_strides`` its
+levels are used as they are) -> identity aligner; ours: the same encoder, ``backbone: {type: resnet_bev,
+norm_eps: 1e-5}`` (HEAL's residual blocks keep torch's default BatchNorm eps) and ``shrink: {type: none}``.
+The ``fusion_backbone`` (PyramidFusion), the ``shrink_header`` after it (``shrink_conv``) and the
+pyramid loss (``loss.args.pyramid``; on when ``supervise_single`` is true, as HEAL's train.py adds the
+foreground loss only then) become ``model.fusion_args`` of ``fusion_op: pyramid``
+(:class:`~opencood_ext.models.pyramid_fusion.PyramidFusion`).
+"""
+from __future__ import annotations
+
+import math
+from typing import List
+
+from .hypes_reader import HypesReader, same_value
+
+PYRAMID_MODELS = ("heter_pyramid_collab",)
+_FB = "model.args.fusion_backbone"
+
+
+def pyramid_stack(r: HypesReader, m: str) -> dict:
+    """Backbone and shrink of type ``m``'s stack (its encoder is converted as for every model)."""
+    bb = f"model.args.{m}.backbone_args"
+    backbone = {"type": "resnet_bev", "layer_nums": r.get(f"{bb}.layer_nums"),
+                "layer_strides": r.get(f"{bb}.layer_strides"), "num_filters": r.get(f"{bb}.num_filters"),
+                "upsample_strides": r.get(f"{bb}.upsample_strides", []),
+                "num_upsample_filters": r.get(f"{bb}.num_upsample_filter", []), "norm_eps": 1e-5}
+    r.approximations.append((bb, "HEAL's residual blocks update their BatchNorm statistics with momentum 0.1, "
+                                 "ours 0.01 (the same computation in evaluation)"))
+    return {"backbone": backbone, "shrink": {"type": "none"}}
+
+
+def pyramid_fusion(r: HypesReader, types: List[str]) -> dict:
+    """``fusion``, ``fusion_op``, ``fusion_args`` and ``link`` of a heter_pyramid_collab file."""
+    strides = r.get(f"{_FB}.layer_strides")
+    args = {"layer_nums": r.get(f"{_FB}.layer_nums"), "layer_strides": strides,
+            "num_filters": r.get(f"{_FB}.num_filters"), "upsample_strides": r.get(f"{_FB}.upsample_strides"),
+            "num_upsample_filters": r.get(f"{_FB}.num_upsample_filter"), "resnext": bool(r.get(f"{_FB}.resnext", False))}
+    if r.has("model.args.shrink_header.dim"):
+        sh = "model.args.shrink_header"
+        args["shrink"] = {"kernel_size": r.get(f"{sh}.kernal_size"), "stride": r.get(f"{sh}.stride"),
+                          "padding": r.get(f"{sh}.padding"), "dims": r.get(f"{sh}.dim")}
+    levels = len(args["layer_nums"] or [])
+    if r.get("model.args.supervise_single", False):
+        args["occupancy_weights"] = r.get("loss.args.pyramid.weight")
+        args["occupancy_pos_weight"] = r.get("loss.args.pos_cls_weight", 1.0)
+        down = r.get("loss.args.pyramid.relative_downsample", None)
+        cum = [math.prod(strides[:i + 1]) for i in range(len(strides or []))]
+        if down is not None and not same_value(list(down), cum):
+            r.refuse("loss.args.pyramid.relative_downsample", f"is {down} but the fusion backbone's levels are "
+                     f"{cum} times coarser than its input (our foreground targets follow the levels)")
+    else:  # HEAL's train.py adds the foreground loss only with supervise_single
+        args["occupancy_weights"] = [0.0] * levels
+    return {"fusion": "pyramid", "fusion_op": "pyramid", "fusion_args": args,
+            "link": {"type": "full_feature", "wire_dtype": "float32"}}
+
+
+def check_pyramid(r: HypesReader, model) -> None:
+    """Widths a heter_pyramid_collab file states, against the built model."""
+    fuse = model.fuse
+    if not hasattr(fuse, "occupancy"):
+        if r.get("model.args.supervise_single", False):
+            r.refuse("model.args.supervise_single", "true: the per-agent heads it adds exist only in "
+                     "heter_pyramid_collab here (its foreground maps)")
+        return
+    for key, have in ((f"{_FB}.inplanes", model.channels),
+                      ("model.args.shrink_header.input_dim", fuse.backbone.out_channels)):
+        if r.has(key) and not same_value(r.get(key), have):
+            r.refuse(key, f"is {r.get(key)} but the converted model gives {have}")
