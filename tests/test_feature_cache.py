@@ -172,3 +172,40 @@ def test_an_unreadable_entry_names_its_file(tmp_path):
     with pytest.raises(RuntimeError, match=victim.name):
         with torch.no_grad():
             model.predict(batch)
+
+
+def test_the_tools_give_the_same_results_through_the_cache(tmp_path):
+    """gencomm-infer and gencomm-onboard with --feature_cache: the same AP and the same onboarding losses
+    as without; a second evaluation is served from the cache (no new entry)."""
+    import json
+
+    from opencood_ext.cli import inference, onboard
+    from tiny_runs import gencomm_stage1_runs
+
+    runs = gencomm_stage1_runs(tmp_path / "stage1")
+    cache = tmp_path / "features"
+    logs = {}
+    for name, extra in (("plain", []), ("cached", ["--feature_cache", str(cache)])):
+        out = tmp_path / name
+        assert onboard.main(["--ego", str(runs["m1"]), "--new", str(runs["m3"]), "-o", str(out), "--epochs", "2",
+                             "--set", "train.val_every=0", *extra]) == 0
+        logs[name] = [json.loads(line)["loss"] for line in (out / "train_log.jsonl").read_text().splitlines()
+                      if json.loads(line)["kind"] == "step"]
+    assert len(logs["cached"]) == len(logs["plain"]) > 2
+    for a, b in zip(logs["cached"], logs["plain"]):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(b))
+    stored = len(list(cache.rglob("*.pt")))
+    assert stored > 0  # the m3 collaborators' features (the augmented m1 egos are never kept)
+
+    results = {}
+    for name, extra in (("plain", []), ("cold", ["--feature_cache", str(cache)]), ("warm", ["--feature_cache", str(cache)])):
+        assert inference.main(["--model_dir", str(tmp_path / "cached"), "--label", name, "--plot_every", "0",
+                               *extra]) == 0
+        results[name] = json.loads((tmp_path / "cached" / f"eval_{name}.json").read_text())["ap"]["global"]
+        if name == "cold":
+            after_cold = len(list(cache.rglob("*.pt")))
+    assert after_cold > stored  # evaluation keeps the egos too (no augmentation)
+    assert len(list(cache.rglob("*.pt"))) == after_cold  # the warm pass computed nothing new
+    for name in ("cold", "warm"):
+        for thr, ap in results["plain"].items():
+            assert abs(results[name][thr] - ap) <= 1e-6, (name, thr)

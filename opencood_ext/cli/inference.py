@@ -70,6 +70,10 @@ def main(argv=None) -> int:
                    help="evaluate x in [-X, X], y in [-Y, Y] metres (the reference's --range: LiDAR crop, grid, "
                         "anchors, ground truth and predictions); default: the config's range, or under protocol "
                         "reference the reference's default 102.4,51.2")
+    p.add_argument("--feature_cache", type=Path, default=None, metavar="DIR",
+                   help="keep what the encoder stacks compute in DIR and reuse it: the alliances of --dynamic, and "
+                        "every evaluation of runs on the same stage-1 encoders, encode each test frame once; keyed by "
+                        "weights and input, never another checkpoint's or frame's (opencood_ext.models.feature_cache)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -152,6 +156,9 @@ def _run(args) -> int:
               f"code and input files as its stamp records); not evaluated again ==")
         return 0
     folder.clear_stamp(settings.stamp_label)  # an interrupted evaluation leaves no stamp on new outputs
+    if args.feature_cache is not None:  # results equal an uncached evaluation's, so the stamp leaves it out
+        from opencood_ext.models.feature_cache import FeatureCache
+        model.feature_cache = FeatureCache(args.feature_cache)
     seed_everything(cfg.train.seed)  # GenComm's receiver samples diffusion noise: same seed, same AP
     print(f"== {args.model_dir} on {split} ==")
     if order:

@@ -42,6 +42,9 @@ def main(argv=None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override applied to every run (e.g. data.root=...)")
     p.add_argument("--no_progress", action="store_true")
+    p.add_argument("--feature_cache", type=Path, default=None, metavar="DIR",
+                   help="keep the encoder stacks' features in DIR and reuse them across levels and runs (keyed by "
+                        "weights and input: never another checkpoint's or frame's; opencood_ext.models.feature_cache)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from opencood_ext.cli.errors import USER_ERRORS, data_hint, report
@@ -59,8 +62,10 @@ def main(argv=None) -> int:
         for s in specs:
             if not s.run_dir.is_dir():
                 raise FileNotFoundError(f"--runs {s.label}: run folder {s.run_dir} does not exist")
+        from opencood_ext.models.feature_cache import FeatureCache
         data = sweep(specs, levels, seed=args.channel_seed, split=args.split, max_frames=args.max_frames,
-                     overrides=args.overrides, progress=not args.no_progress)
+                     overrides=args.overrides, progress=not args.no_progress,
+                     feature_cache=FeatureCache(args.feature_cache) if args.feature_cache else None)
     except (*USER_ERRORS, ValueError) as exc:  # a bad --runs or level, a truncated checkpoint, a config error
         return report(exc, data_hint(exc, skipping=False))
     paths = write_outputs(data, args.out)

@@ -133,12 +133,13 @@ class _RunEvaluator:
     """Evaluates one run at any channel setting, reusing stored results (module docstring)."""
 
     def __init__(self, spec: RunSpec, seed: int, split: Optional[str], max_frames: Optional[int],
-                 overrides: Sequence[str], progress: bool, code: str):
+                 overrides: Sequence[str], progress: bool, code: str, feature_cache=None):
         from ..interop.runs import load_any_run
         from ..runs import set_fusion
         self.spec, self.seed, self.progress, self.code = spec, seed, progress, code
         self.folder, self.overrides = RunFolder(spec.run_dir), tuple(overrides)
         self.cfg, self.model = load_any_run(spec.run_dir, overrides, echo=False)
+        self.model.feature_cache = feature_cache
         if spec.fusion:
             set_fusion(self.model, spec.fusion)
         self.fusion = self.model.fusion
@@ -173,9 +174,12 @@ class _RunEvaluator:
 
 
 def sweep(specs: Sequence[RunSpec], levels: Dict[str, List[Level]], seed: int = 0, split: Optional[str] = None,
-          max_frames: Optional[int] = None, overrides: Sequence[str] = (), progress: bool = True) -> dict:
+          max_frames: Optional[int] = None, overrides: Sequence[str] = (), progress: bool = True,
+          feature_cache=None) -> dict:
     """Evaluate every run at every level of every effect in ``levels`` ({effect: [level, ...]}); -> the
-    ``robustness.json`` dict (module docstring). Runs are loaded one at a time."""
+    ``robustness.json`` dict (module docstring). Runs are loaded one at a time. ``feature_cache``: a
+    :class:`~opencood_ext.models.feature_cache.FeatureCache` every run encodes through (each test frame
+    is then encoded once per set of encoder weights, not once per level)."""
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"--runs: labels must be distinct, got {labels}")
@@ -192,7 +196,7 @@ def sweep(specs: Sequence[RunSpec], levels: Dict[str, List[Level]], seed: int = 
     code = code_digest()  # once: every evaluation of the sweep runs the same code
     for spec in specs:
         bar.set_postfix_str(f"{spec.label}: loading")
-        ev = _RunEvaluator(spec, seed, split, max_frames, overrides, progress, code)
+        ev = _RunEvaluator(spec, seed, split, max_frames, overrides, progress, code, feature_cache)
         data["runs"].append({"label": spec.label, "run_dir": str(spec.run_dir), "fusion": ev.fusion,
                              "split": ev.split})
         for name, effect_levels in levels.items():
