@@ -19,6 +19,7 @@ same arguments give byte-identical files.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -39,6 +40,7 @@ from .world import World
 SPLITS = ("train", "validate", "test")
 MARKER_DIR = ".gencomm_sim"
 MODALITY_JSON = "modality_assignment.json"
+_BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def split_plan(n: int, ratio: Sequence[float]) -> List[str]:
@@ -136,12 +138,30 @@ def _worker_job(job: _Job) -> Tuple[str, dict, List[Path]]:
     return _record_scenario(_WORKER_WORLD, job)
 
 
+@contextlib.contextmanager
+def _single_threaded_blas():
+    """While open, processes started from this one get one BLAS / OpenMP thread (where the user set
+    no count). The workers already fill the cores; a BLAS thread pool in each only spins (it doubled
+    the CPU time of the BEV visibility masks). The thread count does not change any result."""
+    saved = {k: os.environ.get(k) for k in _BLAS_THREAD_VARS}
+    for k in _BLAS_THREAD_VARS:
+        os.environ.setdefault(k, "1")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _run_pool(jobs: List[_Job], world_factory: Callable[[], World], workers: int, bar) -> list:
     """Results of ``jobs`` (in order) recorded by ``workers`` spawned processes; the first failure is
     raised after cancelling the jobs not yet started."""
     ctx = multiprocessing.get_context("spawn")   # no fork of a process that may hold Embree / BLAS threads
-    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker,
-                             initargs=(world_factory,)) as pool:
+    with _single_threaded_blas(), ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx,
+                                                      initializer=_init_worker, initargs=(world_factory,)) as pool:
         futures = [pool.submit(_worker_job, job) for job in jobs]
         pending = set(futures)
         while pending:
