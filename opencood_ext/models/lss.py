@@ -4,7 +4,8 @@ Per camera image: a small conv backbone (stride ``s = 2 ** len(channels)``)
 predicts, for each feature pixel, logits over ``D`` depth bins and a
 ``context_channels`` feature. Lift: the feature is spread along the pixel's ray
 with the softmaxed depth weights. Splat: every frustum point is moved into the
-agent's LiDAR frame and sum-pooled into the BEV grid with ``index_add_``.
+agent's LiDAR frame and sum-pooled into the BEV grid (an accumulating ``index_put``; only the
+frustum points inside the grid are formed).
 
 Geometry (verified on the V2XSet fixture, camera0 sees the vehicle ahead where
 this model predicts it):
@@ -73,6 +74,43 @@ def frustum_points(K: torch.Tensor, T_lidar_from_camera: torch.Tensor, feature_h
     return torch.einsum("anij,andhwj->andhwi", R, cam) + t[:, :, None, None, None, :]
 
 
+def splat_cells(points: torch.Tensor, lidar_range: Sequence[float],
+                bev_shape: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which frustum points land in the BEV grid, and where.
+
+    points: (A, ..., 3) LiDAR-frame positions. Returns ``keep`` (K,) positions of the kept points in
+    the flattened ``(A, M)`` point list (M = the product of the middle dims), ascending; ``agent``
+    (K,) and ``cell`` (K,) their agent and flat BEV cell ``row * W + col``. Points outside
+    ``lidar_range`` are dropped.
+    """
+    a = points.shape[0]
+    H, W = bev_shape
+    xmin, ymin, zmin, xmax, ymax, zmax = (float(x) for x in lidar_range)
+    pts = points.detach().reshape(-1, 3)
+    col = torch.floor((pts[:, 0] - xmin) / ((xmax - xmin) / W)).long()
+    row = torch.floor((pts[:, 1] - ymin) / ((ymax - ymin) / H)).long()
+    inside = ((col >= 0) & (col < W) & (row >= 0) & (row < H)
+              & (pts[:, 2] >= zmin) & (pts[:, 2] < zmax))
+    keep = inside.nonzero().squeeze(1)
+    per_agent = pts.shape[0] // a if a else 0
+    return keep, torch.div(keep, max(per_agent, 1), rounding_mode="floor"), row[keep] * W + col[keep]
+
+
+def pool_to_bev(feats: torch.Tensor, agent: torch.Tensor, cell: torch.Tensor, num_agents: int,
+                bev_shape: Tuple[int, int]) -> torch.Tensor:
+    """Sum (K, C) features into an (A, C, H, W) grid at (K,) agents and flat cells, in row order.
+
+    Accumulates straight into the channel-first canvas (CPU index_put accumulates serially, in the
+    order of the rows, as index_add does), so no (A, H, W, C) canvas and permuted copy, forward or
+    backward."""
+    H, W = bev_shape
+    c = feats.shape[-1]
+    canvas = feats.new_zeros(num_agents, c, H * W)
+    channel = torch.arange(c, device=feats.device)
+    canvas = canvas.index_put((agent[:, None], channel[None], cell[:, None]), feats, accumulate=True)
+    return canvas.view(num_agents, c, H, W)
+
+
 def splat(points: torch.Tensor, feats: torch.Tensor, lidar_range: Sequence[float],
           bev_shape: Tuple[int, int]) -> torch.Tensor:
     """Sum-pool frustum features into the BEV grid.
@@ -80,20 +118,25 @@ def splat(points: torch.Tensor, feats: torch.Tensor, lidar_range: Sequence[float
     points: (A, ..., 3) LiDAR-frame positions; feats: (A, ..., C) with the same
     middle dims. Points outside ``lidar_range`` are dropped. Returns (A, C, H, W).
     """
-    a, c = points.shape[0], feats.shape[-1]
-    H, W = bev_shape
-    xmin, ymin, zmin, xmax, ymax, zmax = (float(x) for x in lidar_range)
-    pts = points.reshape(a, -1, 3)
-    agent = torch.arange(a, device=pts.device)[:, None].expand(a, pts.shape[1]).reshape(-1)
-    pts = pts.reshape(-1, 3)
-    f = feats.reshape(-1, c)
-    col = torch.floor((pts[:, 0] - xmin) / ((xmax - xmin) / W)).long()
-    row = torch.floor((pts[:, 1] - ymin) / ((ymax - ymin) / H)).long()
-    keep = ((col >= 0) & (col < W) & (row >= 0) & (row < H)
-            & (pts[:, 2] >= zmin) & (pts[:, 2] < zmax))
-    flat = (agent[keep] * H + row[keep]) * W + col[keep]
-    canvas = f.new_zeros(a * H * W, c).index_add_(0, flat, f[keep])
-    return canvas.view(a, H, W, c).permute(0, 3, 1, 2).contiguous()
+    keep, agent, cell = splat_cells(points, lidar_range, bev_shape)
+    return pool_to_bev(feats.reshape(-1, feats.shape[-1])[keep], agent, cell, points.shape[0], bev_shape)
+
+
+def lift_splat(points: torch.Tensor, prob: torch.Tensor, context: torch.Tensor,
+               lidar_range: Sequence[float], bev_shape: Tuple[int, int]) -> torch.Tensor:
+    """``splat(points, prob[..., None] * context[:, :, None], ...)`` without the (A, N, D, h, w, C) product.
+
+    points: (A, N, D, h, w, 3); prob: (A, N, D, h, w) depth weights; context: (A, N, h, w, C)
+    features. The lifted feature of frustum point (a, n, d, i, j) is ``prob[a, n, d, i, j] *
+    context[a, n, i, j]``; only the points inside the grid are formed (the same products), then
+    pooled in the same order as :func:`splat`, so the output is the same.
+    """
+    a, n, d, h, w = prob.shape
+    keep, agent, cell = splat_cells(points, lidar_range, bev_shape)
+    # flat (a, n, d, i, j) -> the pixel (a, n, i, j) whose context it carries
+    pixel = torch.div(keep, d * h * w, rounding_mode="floor") * (h * w) + keep % (h * w)
+    lifted = prob.reshape(-1)[keep, None] * context.reshape(-1, context.shape[-1])[pixel]
+    return pool_to_bev(lifted, agent, cell, a, bev_shape)
 
 
 def depth_targets(depth_logits: torch.Tensor, depth_image: torch.Tensor,
@@ -187,11 +230,10 @@ class LSSEncoder(nn.Module):
         depth_logits = x[:, :self.num_bins].reshape(a, n, self.num_bins, h, w)
         context = x[:, self.num_bins:].reshape(a, n, self.context_channels, h, w)
         prob = depth_logits.softmax(dim=2)
-        # lifted features (A, N, D, h, w, C): depth weight x context
-        lifted = prob[..., None] * context.permute(0, 1, 3, 4, 2)[:, :, None]
         pts = frustum_points(data.K.to(x.dtype), data.T_lidar_from_camera.to(x.dtype), (h, w),
                              self.stride, self.depths)
-        bev = splat(pts, lifted, self.lidar_range, self.bev_shape)
+        # lifted features depth weight x context (A, N, D, h, w, C), formed for the points in the grid only
+        bev = lift_splat(pts, prob, context.permute(0, 1, 3, 4, 2), self.lidar_range, self.bev_shape)
         return EncoderOutput(bev=bev, depth_logits=depth_logits)
 
     def depth_loss(self, depth_logits: torch.Tensor, depth_image: torch.Tensor) -> torch.Tensor:
