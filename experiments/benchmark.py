@@ -68,7 +68,8 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
                   overrides: Sequence[str], onboard_overrides: Sequence[str] = (),
                   onboard_epochs=None, methods=METHODS, types: Sequence[str] = TYPES,
                   competitor_stage1: Optional[Dict[str, Path]] = None,
-                  eval_overrides: Sequence[str] = (), configs: Optional[Path] = None) -> List[ResultRow]:
+                  eval_overrides: Sequence[str] = (), configs: Optional[Path] = None,
+                  feature_cache: Optional[str] = None) -> List[ResultRow]:
     """Onboard and evaluate every method, then the stage-1 references; -> results rows.
 
     stage1: GenComm's stage-1 run per type; competitor_stage1: the full-feature stage-1 run per
@@ -79,14 +80,16 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
     configs root (default: the shipped configs). overrides: ``--set`` items for every step (data root, quick-profile
     caps); onboard_overrides: extra ones for onboarding only; eval_overrides: extra ones for
     evaluation only (e.g. the separate test set's data root); types: the alliance in joining
-    order, the ego's type first (run folders are named after the new types)."""
+    order, the ego's type first (run folders are named after the new types); feature_cache: the folder
+    every onboarding and evaluation keeps frozen encoders' features in (None: off)."""
     types = list(types)
     if competitor_stage1 is not None and not set(types) <= set(competitor_stage1):
         raise ValueError(f"competitor stage-1 runs for {sorted(competitor_stage1)}, the alliance is {types}")
     new = "".join(types[1:])
     cfgs = {method: stage2_config(family, method, types, configs) for _, method in methods}  # all there before training
+    cache = [] if feature_cache is None else ["--feature_cache", str(feature_cache)]
     common = sets(overrides)
-    eval_sets = common + sets(eval_overrides)
+    eval_sets = cache + common + sets(eval_overrides)
     order = ",".join(types)
     joined = ", ".join(types[1:])
     rows = []
@@ -95,7 +98,7 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
         start = competitor_stage1 if own else stage1
         run = runs / f"onboard_{method}_{new}{'_own_stage1' if own else ''}"
         argv = ["-y", cfgs[method], "--ego", start[types[0]], *[a for t in types[1:] for a in ("--new", start[t])],
-                "-o", run, *common, *sets(onboard_overrides)]
+                "-o", run, *cache, *common, *sets(onboard_overrides)]
         if onboard_epochs is not None:
             argv += ["--epochs", str(onboard_epochs)]
         run_cmd(Command("gencomm-onboard", argv))

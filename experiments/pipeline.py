@@ -59,11 +59,16 @@ def train(config: Path, run: Path, data: Path, profile: Profile) -> float:
     return training_wall_time(run)
 
 
+def cache_args(profile: Profile) -> List[str]:
+    """``--feature_cache DIR`` when the profile keeps frozen encoders' features, else nothing."""
+    return [] if profile.feature_cache is None else ["--feature_cache", profile.feature_cache]
+
+
 def evaluate_run(run: Path, fusion: str, profile: Profile) -> dict:
     """Evaluate ``run`` with ``fusion``. ``gencomm-infer --reuse`` skips it when the evaluation's stamp
     (command, code, the run's files and the test data: :class:`opencood_ext.run_folder.RunFolder`)
     shows nothing changed, the one reuse rule the robustness sweep and the benchmark use too."""
-    call(Command("gencomm-infer", ["--model_dir", run, "--fusion_method", fusion, "--reuse",
+    call(Command("gencomm-infer", ["--model_dir", run, "--fusion_method", fusion, "--reuse", *cache_args(profile),
                                        *sets(profile.overrides)]))
     return RunFolder(run).read_evaluation(evaluation_label(fusion))
 
@@ -78,7 +83,7 @@ def robustness_sweep(rows: Sequence[ResultRow], out: Path, profile: Profile, see
     """Every method row's run, as evaluated in the table, under pose noise, latency and message loss on
     the same seeded channel (``gencomm-robustness``; reuses the evaluations already in the run
     folders); -> ``out/robustness.json``."""
-    argv = ["--sweep", "all", "-o", str(out), "--channel_seed", str(seed)]
+    argv = ["--sweep", "all", "-o", str(out), "--channel_seed", str(seed), *cache_args(profile)]
     for r in rows:
         argv += ["--runs", f"{r.method}={r.run}:{r.eval['fusion']}"]
     for effect, levels in profile.robustness.items():
@@ -109,6 +114,20 @@ class Steps:
         result = fn(*args, **kw)
         self.rows.append(StepTime(name, time.time() - t0))
         return result
+
+    def call(self, cmd: Command) -> None:
+        """Run one program (:func:`call`) as its own timed step, named after what it does."""
+        self.run(step_name(cmd), call, cmd)
+
+
+def step_name(cmd: Command) -> str:
+    """"onboard <run folder>" / "evaluate <run folder>" / the program's name: a step's row in the cost table."""
+    if cmd.program == "gencomm-onboard":
+        return f"onboard {Path(cmd.value('-o')).name}"
+    if cmd.program == "gencomm-infer":
+        folder = cmd.value("--model_dir") if "--model_dir" in cmd else cmd.value("-o")
+        return f"evaluate {Path(folder).name}" + (f" ({cmd.value('--dynamic')})" if "--dynamic" in cmd else "")
+    return cmd.program
 
 
 @dataclasses.dataclass
@@ -146,7 +165,7 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
         wall1[t] = steps.run(f"train {stage1[t].name}", train, configs / config, stage1[t], data, profile)
     onboard_run = runs / "onboard_gencomm_m3"  # the benchmark's GenComm run when it onboards m3 alone
     argv = ["-y", configs / STAGE2, "--ego", stage1["m1"], "--new", stage1["m3"], "-o", onboard_run,
-            *sets([f"data.root={data}", *profile.overrides])]
+            *cache_args(profile), *sets([f"data.root={data}", *profile.overrides])]
     if profile.onboard_epochs is not None:
         argv += ["--epochs", str(profile.onboard_epochs)]
     steps.run("onboard m3 (GenComm)", call, Command("gencomm-onboard", argv))
@@ -168,8 +187,9 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
                 run = runs / Path(COMPETITOR_STAGE1[t]).stem
                 steps.run(f"train {run.name}", train, configs / COMPETITOR_STAGE1[t], run, data, profile)
                 competitor[t] = run
-        rows += steps.run("heterogeneous benchmark", run_benchmark, runs, stage1, profile.family, call,
+        # each onboarding and evaluation of the benchmark is a step of its own in the cost table
+        rows += run_benchmark(runs, stage1, profile.family, steps.call,
                           [f"data.root={data}", *profile.overrides], onboard_epochs=profile.onboard_epochs,
                           types=profile.benchmark_types, competitor_stage1=competitor, eval_overrides=eval_sets,
-                          configs=configs)
+                          configs=configs, feature_cache=profile.feature_cache)
     return SeedResult(rows, onboarding, wall1)

@@ -17,6 +17,10 @@ class Profile:
     stage-2 configs; benchmark: run the heterogeneous benchmark (step 6); competitor_stage1:
     which stage-1 runs the benchmark's competitors start from (:mod:`experiments.benchmark`).
 
+    feature_cache: where onboardings and evaluations keep what frozen encoder stacks compute
+    (``--feature_cache`` of gencomm-onboard / -infer / -robustness; None: off). The main job sets
+    ``<out>/cache/features`` unless ``--no_feature_cache``.
+
     test_scenes: > 0 evaluates every row on a separate test set of that many scenes of
     ``test_frames`` frames each (:func:`experiments.pipeline.test_set_root`), not on the dataset's own
     test split. Frames of one scene are nearly redundant, so many one-frame scenes narrow a
@@ -36,6 +40,7 @@ class Profile:
     competitor_stage1: str = "own"  # "own": full-feature stage-1 runs (the reference's); "gencomm": GenComm's
     test_scenes: int = 0
     test_frames: int = 1
+    feature_cache: Optional[str] = None
 
 
 PROFILES = {

@@ -200,16 +200,37 @@ def robustness_section(out: Path, rows: Sequence[ResultRow] = ()) -> list:
     return lines + format_tables(data, "###") + ["![AP under channel effects](robustness/robustness.png)", ""]
 
 
+STEP_KINDS = (("simulate", "simulation"), ("train ", "training (stage 1, baselines)"), ("onboard", "onboarding"),
+              ("evaluate", "evaluation"), ("robustness", "robustness sweep"))
+
+
+def step_kind(name: str) -> str:
+    """The cost table's group of step ``name`` ("simulate the test set" -> "simulation", ...)."""
+    return next((kind for prefix, kind in STEP_KINDS if name.startswith(prefix)), "other")
+
+
 def steps_section(results: Results) -> list:
-    """The wall time of every step of this invocation (issue: the main job states its cost)."""
+    """The wall time of every step of this invocation and of each kind of step (where the main job's
+    time goes, so the next change can see it)."""
     steps = results.steps
     if not steps:
         return []
-    lines = ["## Wall time of each step (this invocation)", "",
+    total = results.total_wall_s
+    kinds = {}
+    for st in steps:
+        n, s = kinds.get(step_kind(st.step), (0, 0.0))
+        kinds[step_kind(st.step)] = (n + 1, s + st.seconds)
+    lines = ["## Where the time went (this invocation)", "",
              "A step that a rerun found finished takes seconds; the training rows above give each run's logged "
-             "training time.", "", "| step | minutes |", "|---|---|"]
+             "training time. " + (f"Frozen encoders' features were kept in `{results.feature_cache}` and reused "
+                                  f"by every onboarding and evaluation." if results.feature_cache else
+                                  "No feature cache: every onboarding and evaluation encoded every frame."), "",
+             "| kind | steps | minutes | share |", "|---|---|---|---|"]
+    lines += [f"| {k} | {n} | {s / 60:.1f} | {s / max(total, 1e-9):.0%} |" for k, (n, s) in
+              sorted(kinds.items(), key=lambda kv: -kv[1][1])]
+    lines += [f"| **total** | {len(steps)} | **{total / 60:.1f}** | |", "", "| step | minutes |", "|---|---|"]
     lines += [f"| {st.step} | {st.seconds / 60:.1f} |" for st in steps]
-    lines += [f"| **total** | **{results.total_wall_s / 60:.1f}** |", ""]
+    lines += [f"| **total** | **{total / 60:.1f}** |", ""]
     if results.from_scratch is not None:  # results of older invocations do not say
         lines += ["From scratch: nothing existed before this invocation, so the total is the main job's whole cost."
                   if results.from_scratch else

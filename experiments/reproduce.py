@@ -78,7 +78,7 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
               seeds: Optional[Sequence[int]] = None, benchmark: bool = True, robustness: bool = True,
               benchmark_types: Optional[Sequence[str]] = None, competitor_stage1: Optional[str] = None,
               test_scenes: Optional[int] = None, configs: Optional[Path] = None,
-              command: str = "gencomm-reproduce") -> Path:
+              command: str = "gencomm-reproduce", feature_cache: bool = True) -> Path:
     """The main job (module docstring). ``seed``: the data and channel seed; ``seeds``: training seeds
     (default: the profile's); every row is trained once per training seed (seed 0's runs in ``runs``,
     another seed's in ``runs/seed<s>``), the report shows the first seed's rows and the spread across seeds.
@@ -86,7 +86,9 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     archive there of this profile and data seed, so a seed added by a later invocation joins it.
     ``robustness``: sweep the first seed's rows (step 5). ``test_scenes``: size of the separate test set
     (None: the profile's; 0: the dataset's own test split). ``configs``: the configs root (default the
-    shipped configs); ``command``: the invocation's command line, recorded in results.json and the archives."""
+    shipped configs); ``command``: the invocation's command line, recorded in results.json and the archives;
+    ``feature_cache``: keep frozen encoders' features in ``out/cache/features`` (results equal the uncached
+    ones; False computes every encoding, for a side-by-side check)."""
     from opencood_ext.config_files import configs_root
     profile = PROFILES[profile_name]
     if not benchmark:
@@ -106,6 +108,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
         raise FileNotFoundError(f"--configs {configs}: no such folder")
     seeds = list(seeds if seeds is not None else profile.seeds)
     out.mkdir(parents=True, exist_ok=True)
+    if feature_cache:
+        profile = dataclasses.replace(profile, feature_cache=str(out / "cache" / "features"))
     runs = out / "runs"
     reused = found_finished(out, data)
     started = time.time()
@@ -129,7 +133,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
                       rows=first.rows, onboarding=first.onboarding, stage1_wall_s=first.stage1_wall_s,
                       steps=steps.rows, total_wall_s=time.time() - started, from_scratch=not reused,
                       found_finished=reused, seed_archives=[str(a) for a in archives],
-                      seed_spread=spread_json(load_archives(archives)) if len(archives) > 1 else None)
+                      seed_spread=spread_json(load_archives(archives)) if len(archives) > 1 else None,
+                      feature_cache=profile.feature_cache)
     results.write(out / "results.json")
     from .report import write_report
     return write_report(results, out)
@@ -186,6 +191,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--configs", type=Path, default=None,
                    help="configs root holding sim/... (default: the shipped configs)")
     p.add_argument("--seed", type=int, default=0, help="data and channel seed")
+    p.add_argument("--no_feature_cache", action="store_true",
+                   help="encode every frame in every onboarding and evaluation (default: frozen encoder stacks' "
+                        "features are kept in OUT/cache/features and reused; the results are the same)")
     args = p.parse_args(None if argv is None else list(argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     profile = args.profile or ("quick" if args.quick else "default")
@@ -197,7 +205,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            benchmark=not args.no_benchmark, robustness=not args.no_robustness,
                            benchmark_types=args.benchmark_types.split(",") if args.benchmark_types else None,
                            competitor_stage1=args.competitor_stage1, test_scenes=args.test_scenes,
-                           configs=args.configs, command=shlex.join(["gencomm-reproduce", *words]))
+                           configs=args.configs, command=shlex.join(["gencomm-reproduce", *words]),
+                           feature_cache=not args.no_feature_cache)
     except (ValueError, FileNotFoundError, StepError, ResultsError) as exc:
         print(f"error: gencomm-reproduce: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

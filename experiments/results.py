@@ -140,7 +140,8 @@ class Results:
     invocation's wall time; training_seeds; test_data: the data every table is evaluated on (None in
     older files: the dataset's own test split); commit; command: the invocation's command line;
     configs: the configs root it read; steps; from_scratch / found_finished (:func:`found_finished`);
-    seed_archives: the archive folders of the spread; seed_spread: their per-row AP per seed."""
+    seed_archives: the archive folders of the spread; seed_spread: their per-row AP per seed;
+    feature_cache: the folder frozen encoders' features were kept in (None: every encoding computed)."""
 
     profile: str
     seed: int
@@ -159,6 +160,7 @@ class Results:
     found_finished: Optional[List[str]] = None
     seed_archives: List[str] = field(default_factory=list)
     seed_spread: Optional[List[Dict[str, Any]]] = None
+    feature_cache: Optional[str] = None
 
     def main_rows(self) -> List[ResultRow]:
         return [r for r in self.rows if r.table == "main"]
@@ -214,7 +216,8 @@ class Results:
                    from_scratch=_check(doc, "", "from_scratch", (bool,), False, source),
                    found_finished=_check(doc, "", "found_finished", (list,), False, source),
                    seed_archives=_check(doc, "", "seed_archives", (list,), False, source) or [],
-                   seed_spread=_check(doc, "", "seed_spread", (list,), False, source))
+                   seed_spread=_check(doc, "", "seed_spread", (list,), False, source),
+                   feature_cache=_check(doc, "", "feature_cache", (str,), False, source))
 
     @classmethod
     def from_json(cls, text: str, source: str = "<text>") -> "Results":

@@ -166,3 +166,15 @@ def test_evaluations_read_the_separate_test_set_and_onboarding_does_not(tmp_path
     # the test set's root comes after the dataset's, so it wins (a later --set overrides an earlier one)
     assert all([a for a in c.argv if a.startswith("data.root=")] == ["data.root=/d", "data.root=/d_test"]
                for c in infer)
+
+
+def test_every_onboarding_and_evaluation_shares_the_feature_cache(tmp_path):
+    """The benchmark passes one --feature_cache folder to every onboarding and evaluation (frozen
+    stage-1 encoders then encode each frame once), and none without it."""
+    gen = {"m1": tmp_path / "gencomm_stage1_m1", "m3": tmp_path / "gencomm_stage1_m3"}
+    for cache in (None, str(tmp_path / "cache")):
+        log = []
+        run_benchmark(tmp_path, gen, "sim", _fake_tools(log), ["data.root=/d"], types=("m1", "m3"),
+                      feature_cache=cache)
+        used = {c.value("--feature_cache") if "--feature_cache" in c else None for c in log}
+        assert used == {cache} and {c.program for c in log} == {"gencomm-onboard", "gencomm-infer"}

@@ -1,6 +1,7 @@
 """The experiment driver runs its steps in-process (a command-line program's main(argv), no
 subprocess), restores the process state a step changes, stops on a failed step with its command
 line, and reads and writes results.json through typed records that round-trip every committed file."""
+import dataclasses
 import json
 import logging
 import os
@@ -141,3 +142,17 @@ def test_a_malformed_results_json_is_one_error_naming_file_and_field(tmp_path):
     path.write_text("{")
     with pytest.raises(ResultsError, match="not a results.json"):
         Results.load(path)
+
+
+def test_the_main_job_keeps_frozen_features_in_one_folder_unless_told_not_to(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(pipeline, "call", calls.append)
+    monkeypatch.setattr(pipeline.RunFolder, "read_evaluation", lambda self, label: {"label": label})
+    cached = dataclasses.replace(PROFILES["quick"], feature_cache=str(tmp_path / "cache"))
+    pipeline.evaluate_run(tmp_path / "run", "no", cached)
+    pipeline.evaluate_run(tmp_path / "run", "no", PROFILES["quick"])
+    rows = [ResultRow("No fusion", {"fusion": "none"}, 1.0, 1, run="/r/none")]
+    pipeline.robustness_sweep(rows, tmp_path / "rob", cached, seed=0)
+    assert [c.value("--feature_cache") if "--feature_cache" in c else None for c in calls] == [
+        str(tmp_path / "cache"), None, str(tmp_path / "cache")]
+    assert PROFILES["default"].feature_cache is None  # reproduce() sets <out>/cache/features per invocation

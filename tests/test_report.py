@@ -107,6 +107,31 @@ def test_from_scratch_is_what_an_invocation_found(tmp_path):
     assert f"Not from scratch: this invocation found `{out / 'runs'}`" in text
 
 
+def test_cost_table_groups_every_step_by_kind():
+    """The steps section sums the steps of each kind (simulation, training, onboarding, evaluation,
+    robustness) with its share of the total, then lists every step; it names the feature cache."""
+    from experiments.pipeline import step_name
+    from experiments.report import steps_section
+    from experiments.steps import Command
+    assert step_name(Command("gencomm-onboard", ["-y", "c.yaml", "-o", "/r/onboard_stamp_m2"])) == \
+        "onboard onboard_stamp_m2"
+    assert step_name(Command("gencomm-infer", ["--late_of", "m1=/a", "-o", "/r/late_of_stage1", "--dynamic",
+                                               "m1,m3"])) == "evaluate late_of_stage1 (m1,m3)"
+    steps = [("simulate", 60), ("simulate the test set", 60), ("train gencomm_stage1_m1", 600),
+             ("onboard onboard_stamp_m2", 240), ("evaluate m1_none", 120), ("evaluate late_of_stage1 (m1,m3)", 120),
+             ("robustness sweep", 300)]
+    doc = {"steps": [{"step": n, "seconds": s} for n, s in steps], "total_wall_s": 1500.0, "profile": "quick",
+           "seed": 0, "data": "d", "rows": [], "onboarding": {}, "stage1_wall_s": {},
+           "feature_cache": "/out/cache/features"}
+    text = "\n".join(steps_section(Results.from_dict(doc)))
+    for row in ("| training (stage 1, baselines) | 1 | 10.0 | 40% |", "| robustness sweep | 1 | 5.0 | 20% |",
+                "| onboarding | 1 | 4.0 | 16% |", "| evaluation | 2 | 4.0 | 16% |", "| simulation | 2 | 2.0 | 8% |",
+                "| **total** | 7 | **25.0** | |", "| evaluate late_of_stage1 (m1,m3) | 2.0 |"):
+        assert row in text, row
+    assert "`/out/cache/features`" in text
+    assert "No feature cache" in "\n".join(steps_section(Results.from_dict({**doc, "feature_cache": None})))
+
+
 def test_report_says_what_each_new_type_adds_paired_on_the_same_run(tmp_path):
     """The increment of +m2 is the same run's {m1, m2} evaluation minus its {m1} one on the same frames:
     a closed form (every scene hit vs none: +1, interval [+1, +1], significant; equal records: 0, not)."""
