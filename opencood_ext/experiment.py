@@ -329,7 +329,8 @@ def build_dataset(cfg: ExperimentConfig, split: str, train: bool, fusion: Option
     """Dataset of ``split`` for the config's model (or for fusion method ``fusion``): which agents
     a sample holds comes from the fusion method, voxel sizes from ``model.agent_types`` (no model
     is built). A method that trains with a random ego (late fusion: each agent's detector learns
-    its own view) gets ``data.random_ego`` for its training set, said in the log."""
+    its own view) gets ``data.random_ego`` for its training set, said in the log. The experiment's
+    ``protocol`` decides whose agent selection, ground truth and point rules it follows."""
     method = fusion_method(cfg, fusion)
     data = cfg.data
     if method.random_ego_in_training and train and not data.random_ego:
@@ -342,7 +343,7 @@ def build_dataset(cfg: ExperimentConfig, split: str, train: bool, fusion: Option
     try:
         sizes = voxel_sizes(cfg.model)
         return CooperativeDataset(reader, data, sizes, train=train, cooperation=method.dataset_agents(train),
-                                  seed=cfg.train.seed, latency_frames=latency_frames)
+                                  seed=cfg.train.seed, latency_frames=latency_frames, protocol=cfg.protocol)
     except DataFormatError:
         raise
     except ValueError as exc:  # the data section does not fit the model (e.g. a LiDAR type without encoder)

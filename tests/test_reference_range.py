@@ -114,3 +114,10 @@ def test_reference_protocol_evaluates_at_the_reference_default(run, capsys):
         in capsys.readouterr().out
     stamp = json.loads((out / "eval_ref.inputs.json").read_text())
     assert range_override((-102.4, -51.2, -3.0, 102.4, 51.2, 1.0)) in json.dumps(stamp)
+
+
+def test_build_dataset_follows_the_protocol(run):
+    _, out = run
+    assert build_dataset(load_experiment(out / "config.yaml"), "test", train=False).protocol == "native"
+    ref = load_experiment(out / "config.yaml", ["protocol=reference"])
+    assert build_dataset(ref, "test", train=False).protocol == "reference"

@@ -57,8 +57,9 @@ def _single_type(cfg: ExperimentConfig, run: Path) -> str:
     types = list(cfg.model.get("agent_types", {}))
     if len(types) != 1:
         raise ValueError(f"{run}: a stage-1 run must hold exactly one agent type, it has {types}")
-    if cfg.model.get("fusion", "intermediate") != "intermediate":
-        raise ValueError(f"{run}: a stage-1 run must be an intermediate-fusion run (model.fusion)")
+    if cfg.model.get("fusion", "intermediate") not in ("intermediate", "pyramid"):  # pyramid: HEAL's
+        raise ValueError(f"{run}: a stage-1 run must be an intermediate-fusion run (model.fusion intermediate "
+                         f"or pyramid)")
     return types[0]
 
 
