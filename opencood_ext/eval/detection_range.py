@@ -7,8 +7,9 @@ anchors (the model runs on the new grid), the ground-truth range and the final r
 predictions alike. Here that is ``data.lidar_range``, from which model, anchors, voxelisers,
 ground truth and post-processing all derive, so the option is one override of it.
 
-Under ``protocol: reference`` the area defaults to the reference script's default (its
-``--range`` default applies to every heterogeneous config it runs): 102.4,51.2 for OPV2V(-H) and
+Under ``protocol: reference`` the area defaults to the reference script's default (the script
+applies ``--range`` to every config with a ``heter`` section, which every GenComm config has):
+102.4,51.2 for OPV2V(-H) and
 V2XSet, DAIR-V2X and V2X-Real alike (GenComm's ``inference.py`` and ``inference_v2xreal.py``;
 HEAL's own script defaults to 102.4,102.4). Under ``protocol: native`` nothing changes unless
 ``--range`` is given.
