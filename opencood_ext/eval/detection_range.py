@@ -9,10 +9,9 @@ ground truth and post-processing all derive, so the option is one override of it
 
 Under ``protocol: reference`` the area defaults to the reference script's default (the script
 applies ``--range`` to every config with a ``heter`` section, which every GenComm config has):
-102.4,51.2 for OPV2V(-H) and
-V2XSet, DAIR-V2X and V2X-Real alike (GenComm's ``inference.py`` and ``inference_v2xreal.py``;
-HEAL's own script defaults to 102.4,102.4). Under ``protocol: native`` nothing changes unless
-``--range`` is given.
+102.4,51.2 for OPV2V(-H) and V2XSet, DAIR-V2X and V2X-Real alike (GenComm's ``inference.py`` and
+``inference_v2xreal.py``; HEAL's own script defaults to 102.4,102.4). Under ``protocol: native``
+nothing changes unless ``--range`` is given.
 """
 from __future__ import annotations
 
