@@ -51,8 +51,9 @@ def frame():
         world = _shift(real.T_world_from_lidar, *OWN_OBJECT[aid])[:3, 3]
         f.objects[oid] = dataclasses.replace(copy.deepcopy(template), object_id=oid,
                                              location=np.r_[world[:2], template.location[2]])
-        agents.append(AgentObs(agent_id=aid, agent_type="m1", T_world_from_lidar=_shift(real.T_world_from_lidar, dx, dy),
-                               lidar=real.lidar, visible_ids=[oid, *real.visible_ids[:3]]))
+        pose = _shift(real.T_world_from_lidar, dx, dy)
+        agents.append(AgentObs(agent_id=aid, agent_type="m1", T_world_from_lidar=pose, lidar=real.lidar,
+                               visible_ids=[oid, *real.visible_ids[:3]]))
     order = sort_agent_ids([a.agent_id for a in agents])  # as a reader lists them: vehicles by id, RSUs last
     return dataclasses.replace(f, agents=sorted(agents, key=lambda a: order.index(a.agent_id)))
 
