@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .scene import RayScene, rotate
+from .scene import RayScene, along_rays, rotate
 from .world import CameraSpec
 
 SKY_HORIZON = np.array([0.80, 0.86, 0.93], np.float32)
@@ -70,7 +70,7 @@ class CameraModel:
             hits.normal[again] = more.normal
         hit = hits.hit
         t = np.where(hit, hits.t, 0.0).astype(np.float32)
-        pts = origin + dirs * t[:, None]
+        pts = along_rays(origin, dirs, t)
         color, _ = scene.material(hits, pts)
         n = hits.normal                                   # unit, unoriented
         toward_cam = -np.sign(np.einsum("ij,ij->i", n, dirs))   # turns n toward the camera
@@ -78,14 +78,29 @@ class CameraModel:
         lambert = np.maximum(toward_cam * (n[:, 0] * sun[0] + n[:, 1] * sun[1] + n[:, 2] * sun[2]), 0.0)
         if shadows:
             idx = np.nonzero(hit & (lambert > 0))[0]
-            start = pts[idx] + n[idx] * (0.03 * toward_cam[idx, None])
+            push = 0.03 * toward_cam.take(idx)   # off the surface, toward the camera
+            start = np.empty((len(idx), 3), np.float32)
+            for k in range(3):
+                np.add(pts[:, k].take(idx), n[:, k].take(idx) * push, out=start[:, k])
             lambert[idx] *= ~scene.occluded(start, np.broadcast_to(sun, (len(idx), 3)))
         haze = 1.0 - np.exp(-t / 450.0)
         shade = (0.42 + 0.62 * lambert) * (1.0 - haze)
-        rgb = color * shade[:, None] + haze[:, None] * SKY_HORIZON
+        # colour * shade + haze * horizon and the sky gradient, column by column (float32, the same
+        # operations as broadcasting over rows of 3, which runs numpy's inner loop once per row)
+        rgb = np.empty((len(t), 3), np.float32)
+        tmp = np.empty(len(t), np.float32)
         sky = ~hit
         elev = np.clip(dirs[sky, 2], 0.0, 1.0)[:, None] ** 0.6
-        rgb[sky] = SKY_HORIZON * (1 - elev) + SKY_ZENITH * elev
+        elev = elev[:, 0]
+        below = 1 - elev
+        sky_rgb = np.empty((len(elev), 3), np.float32)
+        for k in range(3):
+            col = rgb[:, k]
+            np.multiply(color[:, k], shade, out=col)
+            col += np.multiply(haze, SKY_HORIZON[k], out=tmp)
+            np.multiply(below, SKY_HORIZON[k], out=sky_rgb[:, k])
+            sky_rgb[:, k] += SKY_ZENITH[k] * elev
+        rgb[sky] = sky_rgb
         image = (np.clip(rgb, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8).reshape(sp.height, sp.width, 3)
         depth = np.where(hit, t * self.forward, FAR).astype(np.float32).reshape(sp.height, sp.width)
         return CameraRender(image, depth, scene.object_ids(hits).reshape(sp.height, sp.width))

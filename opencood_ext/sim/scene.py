@@ -112,12 +112,30 @@ class Hits:
 def rotate(vectors: np.ndarray, R: np.ndarray) -> np.ndarray:
     """(N, 3) float32 vectors rotated by (3, 3) ``R`` (``R @ v`` per row), with
     element-wise arithmetic: a BLAS matmul would start threads that fight
-    Embree's for the cores."""
+    Embree's for the cores. Each output column is ``v0 R[k, 0] + v1 R[k, 1] +
+    v2 R[k, 2]`` in that order, over whole columns (a broadcast over rows of 3
+    runs numpy's inner loop once per row, three times slower)."""
     R = np.asarray(R, np.float32)
     v = np.asarray(vectors, np.float32)
-    out = v[:, 0:1] * R[:, 0]
-    out += v[:, 1:2] * R[:, 1]
-    out += v[:, 2:3] * R[:, 2]
+    out = np.empty((len(v), 3), np.float32)
+    tmp = np.empty(len(v), np.float32)
+    for k in range(3):
+        col = out[:, k]
+        np.multiply(v[:, 0], R[k, 0], out=col)
+        col += np.multiply(v[:, 1], R[k, 1], out=tmp)
+        col += np.multiply(v[:, 2], R[k, 2], out=tmp)
+    return out
+
+
+def along_rays(origin: np.ndarray, directions: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """(N, 3) float32 points ``origin + directions * t[:, None]``, column by column
+    (the same float32 operations as the broadcast, without its per-row loop)."""
+    o = np.asarray(origin, np.float32)
+    out = np.empty((len(directions), 3), np.float32)
+    for k in range(3):
+        col = out[:, k]
+        np.multiply(directions[:, k], t, out=col)
+        col += o[k]
     return out
 
 
@@ -149,6 +167,9 @@ class RayScene:
         self._refl = np.concatenate([self.surfaces.reflectivity, np.zeros(1, np.float32)])
         self._pattern = np.concatenate([self.surfaces.pattern, np.zeros(1, np.int8)])
         self.ground = ground
+        # colour rows per surface, then per ground material code (gathered in one take)
+        self._color_ext = self._color if ground is None else \
+            np.concatenate([self._color, np.asarray(ground.colors).astype(np.float32).reshape(-1, 3)])
         self.single_scene = single_scene
         self._static_mesh = (np.asarray(static[0], np.float32), np.asarray(static[1], np.int64))
         self._static_surface = np.asarray(static_surface, np.int32)
@@ -195,7 +216,8 @@ class RayScene:
             closer = ts < t
             np.copyto(t, ts, where=closer)
             np.copyto(surf, ss, where=closer)
-            np.copyto(nrm, ns, where=closer[:, None])
+            for k in range(3):   # per column: a (N, 1) mask broadcast over 3 loops once per row
+                np.copyto(nrm[:, k], ns[:, k], where=closer)
         return Hits(t, surf, nrm)
 
     def occluded(self, origins: np.ndarray, directions: np.ndarray, tfar: float = 1e4) -> np.ndarray:
@@ -217,23 +239,28 @@ class RayScene:
         hit = hits.hit
         idx = np.where(hit, hits.surface, len(s.cls))      # the extra last row is "nothing"
         want_color = color
-        color = self._color[idx] if want_color else None
-        refl = self._refl[idx]
-        pattern = self._pattern[idx]
+        refl = self._refl.take(idx)
+        pattern = self._pattern.take(idx)
         g = np.nonzero(pattern == PATTERN_GROUND)[0]
+        color_idx = idx
         if self.ground is not None and len(g):
-            code = self.ground.lookup(points_world[g, :2])
-            if want_color:
-                color[g] = self.ground.colors[code]
+            pw = np.asarray(points_world)
+            xy = np.empty((len(g), 2), pw.dtype)
+            xy[:, 0], xy[:, 1] = pw[:, 0].take(g), pw[:, 1].take(g)
+            code = self.ground.lookup(xy)
+            if want_color:   # ground colours are rows of the extended table
+                color_idx = idx.copy()
+                color_idx[g] = len(self._color) + code.astype(np.int64)
             refl[g] = self.ground.reflectivity[code]
+        color = self._color_ext.take(color_idx, axis=0) if want_color else None
         f = np.nonzero(pattern == PATTERN_FACADE)[0]
         if len(f):
-            p = points_world[f]
-            n = np.abs(hits.normal[f])
-            along = np.where(n[:, 0] > n[:, 1], p[:, 1], p[:, 0])
-            storey = np.mod(p[:, 2], 3.2)
+            px, py, pz = (points_world[:, k].take(f) for k in range(3))
+            nx, ny, nz = (np.abs(hits.normal[:, k].take(f)) for k in range(3))
+            along = np.where(nx > ny, py, px)
+            storey = np.mod(pz, 3.2)
             bay = np.mod(along, 2.8)
-            window = (storey > 1.0) & (storey < 2.4) & (bay > 0.5) & (bay < 2.3) & (p[:, 2] > 0.9) & (n[:, 2] < 0.5)
+            window = (storey > 1.0) & (storey < 2.4) & (bay > 0.5) & (bay < 2.3) & (pz > 0.9) & (nz < 0.5)
             w = f[window]
             if want_color:
                 color[w] = color[w] * 0.25 + np.array([0.12, 0.16, 0.22], np.float32)
