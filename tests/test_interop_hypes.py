@@ -106,16 +106,19 @@ def test_heal_lidar_camera_baseline(tmp_path):
     cam = cfg.data.agent_types["m2"]
     assert (cam.sensor, cam.image_size, cam.use_depth) == ("camera", (384, 512), True)
     enc = cfg.model["agent_types"]["m2"]["encoder"]
-    assert enc == {"type": "lss", "voxel_size": [0.4, 0.4, 4.0], "channels": [32, 64, 128],
-                   "depth_bins": [2, 50, 1.0], "context_channels": 128}
+    assert enc == {"type": "lss_reference", "trunk": "efficientnet_b0", "img_downsample": 8,
+                   "depth_discretization": [2, 50, 48], "depth_mode": "LID", "xbound": [-51.2, 51.2, 0.4],
+                   "ybound": [-51.2, 51.2, 0.4], "zbound": [-10, 10, 20.0], "context_channels": 128}
     assert cfg.model["link"] == {"type": "full_feature", "wire_dtype": "float32"}
     assert cfg.name == "HeterBaseline_lidar_camera_attfuse" and not cfg.data.augment.enabled
     approx = dict(conv.approximations)
-    assert "heter.modality_setting.m2.grid_conf.mode" in approx
-    assert "model.args.m2.encoder_args.camera_encoder" in approx
+    assert "heter.modality_setting.m2.data_aug_conf.bot_pct_lim" in approx
+    assert "model.args.m2.encoder_args.camera_encoder" not in approx  # the reference's trunk, by name
     assert "data_augment" in dict(conv.dropped)
     model = build_model(cfg)
     assert model.channels == 256 and model.grid.cell == (0.8, 0.8)
+    # the +-51.2 m camera grid (128 cells of 0.8 m after the backbone) is zero-padded to the +-102.4 m range
+    assert model.encoders["m2"].crop == (256, 256) and model.encoders["m2"].grid == model.encoders["m1"].grid
     assert "camera" in conv.report() and conv.yaml().startswith("name:")
 
 
@@ -124,7 +127,7 @@ def test_unsupported_keys_are_all_listed_with_file_and_path():
     with pytest.raises(HypesError) as err:
         convert_hypes_file(src)
     msg = str(err.value)
-    for key in ("label_type", "box_align.train_result", "heter.modality_setting.m1.preprocess.cav_lidar_range",
+    for key in ("box_align.train_result", "heter.modality_setting.m1.preprocess.cav_lidar_range",
                 "postprocess.order", "model.args.compressor.input_dim",
                 "model.args.num_class", "loss.core_method", "lr_scheduler.warmup_lr", "fusion.dataset",
                 "model.core_method", "model.args.fusion_method", "lr_scheduler.core_method"):

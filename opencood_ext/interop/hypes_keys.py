@@ -59,7 +59,7 @@ class Same:
 Rule = Union[Mapped, Approx, Fixed, Dropped, Same]
 
 # core_method names of the reference -> our registry names
-ENCODERS: Dict[str, str] = {"point_pillar": "pointpillars", "second": "second", "lift_splat_shoot": "lss"}
+ENCODERS: Dict[str, str] = {"point_pillar": "pointpillars", "second": "second", "lift_splat_shoot": "lss_reference"}
 SENSORS: Dict[str, str] = {"point_pillar": "lidar", "second": "lidar", "lift_splat_shoot": "camera"}
 MODELS: Dict[str, str] = {  # reference model -> our intermediate-fusion link
     "heter_model_baseline": "full_feature",
@@ -94,7 +94,8 @@ KEYS: Dict[str, Rule] = {
     "train_params.max_cav": Mapped("data.max_agents"),
     "comm_range": Mapped("data.comm_range"),
     "input_source": Dropped("derived from the modality settings"),
-    "label_type": Fixed(("lidar",), "ground truth from the LiDAR labels"),
+    "label_type": Fixed(("lidar", "camera"), "ground truth from the labels ('camera': see the note printed "
+                                             "with the conversion)"),
     "cav_lidar_range": Mapped("data.lidar_range"),
     "add_data_extension": Dropped("extra per-frame files (camera visibility masks) the models here do not read"),
     "data_augment": Dropped("HEAL's intermediate-fusion dataset does not apply it (only late and early "
@@ -118,16 +119,14 @@ KEYS: Dict[str, Rule] = {
         Dropped("our voxeliser has one cap for training and testing, set to max_voxel_test"),
     "heter.modality_setting.<m>.preprocess.args.max_voxel_test": Mapped("data.agent_types.<m>.max_voxels"),
     "heter.modality_setting.<m>.preprocess.cav_lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
-    "heter.modality_setting.<m>.grid_conf.xbound": Approx(
-        "model.agent_types.<m>.encoder.voxel_size", "the cell size is carried over; our LSS splats into the "
-        "whole detection range (the reference crops / pads a +-xbound camera grid to it)"),
-    "heter.modality_setting.<m>.grid_conf.ybound": Mapped("model.agent_types.<m>.encoder.voxel_size"),
-    "heter.modality_setting.<m>.grid_conf.zbound": Approx(
-        "model.agent_types.<m>.encoder.voxel_size", "our LSS sums the heights inside the detection range's z"),
-    "heter.modality_setting.<m>.grid_conf.ddiscr": Mapped("model.agent_types.<m>.encoder.depth_bins"),
-    "heter.modality_setting.<m>.grid_conf.mode": Approx(
-        "model.agent_types.<m>.encoder.depth_bins", "'LID' (linear-increasing) bins become uniform bins over "
-        "the same range and count"),
+    "heter.modality_setting.<m>.grid_conf.xbound": Mapped(
+        "model.agent_types.<m>.encoder.xbound (a camera grid other than the detection range is centre-cropped "
+        "or zero-padded to it after the shrink header, as the reference; refused for GenComm, whose reference "
+        "extracts the message before that)"),
+    "heter.modality_setting.<m>.grid_conf.ybound": Mapped("model.agent_types.<m>.encoder.ybound (as xbound)"),
+    "heter.modality_setting.<m>.grid_conf.zbound": Mapped("model.agent_types.<m>.encoder.zbound"),
+    "heter.modality_setting.<m>.grid_conf.ddiscr": Mapped("model.agent_types.<m>.encoder.depth_discretization"),
+    "heter.modality_setting.<m>.grid_conf.mode": Mapped("model.agent_types.<m>.encoder.depth_mode (LID | UD)"),
     "heter.modality_setting.<m>.data_aug_conf.final_dim": Mapped("data.agent_types.<m>.image_size"),
     "heter.modality_setting.<m>.data_aug_conf.H": Fixed((600,), "OPV2V camera image height"),
     "heter.modality_setting.<m>.data_aug_conf.W": Fixed((800,), "OPV2V camera image width"),
@@ -137,7 +136,10 @@ KEYS: Dict[str, Rule] = {
     "heter.modality_setting.<m>.data_aug_conf.resize_lim": Dropped(
         "image resize/crop/rotate augmentation: we resize the whole image to final_dim"),
     "heter.modality_setting.<m>.data_aug_conf.rot_lim": Dropped("image augmentation, not reproduced"),
-    "heter.modality_setting.<m>.data_aug_conf.bot_pct_lim": Dropped("image crop, not reproduced"),
+    "heter.modality_setting.<m>.data_aug_conf.bot_pct_lim": Approx(
+        "data.agent_types.<m>.image_size", "the reference resizes by max(final/H, final/W) and crops its rows "
+        "from int((1 - mean(bot_pct_lim)) x resized H) - final H (for OPV2V's 600 x 800 and bot_pct_lim [0, 0.05]: "
+        "about 10 black rows on top, 10 cut at the bottom); ours resizes the whole image to final_dim"),
     "heter.modality_setting.<m>.data_aug_conf.rand_flip": Fixed((False,), "image flip"),
     # ---------------------------------------------------------------- fusion / pre- / post-processing
     "fusion.core_method": Fixed(("intermediateheter",), "heterogeneous intermediate-fusion dataset"),
@@ -201,14 +203,13 @@ KEYS: Dict[str, Rule] = {
     "model.args.<m>.encoder_args.grid_conf.<k>": Same("camera grid", "heter.modality_setting.<m>.grid_conf.<k>"),
     "model.args.<m>.encoder_args.data_aug_conf.<k>": Same("camera images",
                                                             "heter.modality_setting.<m>.data_aug_conf.<k>"),
-    "model.args.<m>.encoder_args.img_downsample": Approx(
-        "model.agent_types.<m>.encoder.channels", "our image net has log2(img_downsample) stride-2 blocks"),
+    "model.args.<m>.encoder_args.img_downsample": Mapped("model.agent_types.<m>.encoder.img_downsample"),
     "model.args.<m>.encoder_args.img_features": Mapped("model.agent_types.<m>.encoder.context_channels"),
     "model.args.<m>.encoder_args.use_depth_gt": Fixed((False,), "predicted (not ground-truth) depth"),
     "model.args.<m>.encoder_args.depth_supervision": Mapped("data.agent_types.<m>.use_depth"),
-    "model.args.<m>.encoder_args.camera_encoder": Approx(
-        "model.agent_types.<m>.encoder", "the reference image trunk (EfficientNet-B0 / ResNet-101) is replaced "
-        "by our small conv image net"),
+    "model.args.<m>.encoder_args.camera_encoder": Mapped(
+        "model.agent_types.<m>.encoder.trunk (EfficientNet: efficientnet_b0, Resnet101: resnet101; built "
+        "here by name with random weights, no ImageNet download)"),
     "model.args.<m>.camera_mask_args.cav_lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
     "model.args.<m>.camera_mask_args.grid_conf.<k>": Same("camera grid", "heter.modality_setting.<m>.grid_conf.<k>"),
     "model.args.<m>.backbone_args.layer_nums": Mapped("model.agent_types.<m>.backbone.layer_nums (type base_bev)"),
@@ -290,8 +291,8 @@ KEYS: Dict[str, Rule] = {
     "loss.args.dir.args.dir_offset": Same("direction bins", "postprocess.dir_args.dir_offset"),
     "loss.args.dir.args.num_bins": Same("direction bins", "postprocess.dir_args.num_bins"),
     "loss.args.dir.args.anchor_yaw": Same("direction bins", "postprocess.dir_args.anchor_yaw"),
-    "loss.args.depth.weight": Approx("model.depth_weight", "the reference uses a focal loss over depth bins, "
-                                     "ours cross-entropy"),
+    "loss.args.depth.weight": Mapped("model.depth_weight (the reference's focal loss over depth bins: "
+                                     "lss_reference.depth_loss)"),
     "loss.args.generate_weight": Mapped("model.link.generation_weight"),
     "loss.args.gmatch_weight": Dropped("used only by the reference's train_gmatch.py gradient-matching script"),
     "optimizer.core_method": Mapped("train.optimizer"),

@@ -15,8 +15,8 @@ from .hypes_keys import ENCODERS, FUSION_OPS, MODELS, SENSORS
 from .hypes_pyramid import PYRAMID_MODELS, check_pyramid, pyramid_fusion, pyramid_stack
 from .hypes_reader import HypesReader, same_value
 
-# widths of our LSS image net's stride-2 blocks; the reference's img_downsample picks how many
-LSS_IMAGE_WIDTHS = (32, 64, 128, 128)
+# the reference LSS's camera_encoder -> our image trunk (opencood_ext/models/image_trunks.py)
+CAMERA_TRUNKS = {"EfficientNet": "efficientnet_b0", "Resnet101": "resnet101"}
 # the reference SECOND (VoxelBackBone8x): stage widths and SubM blocks after each stage's first conv
 SECOND_CHANNELS, SECOND_BLOCKS = [16, 32, 64, 64], [1, 2, 2, 2]
 _MODALITY = re.compile(r"m\d+\Z")
@@ -53,19 +53,30 @@ def _second(r: HypesReader, m: str, voxel) -> dict:
 
 
 def _lss(r: HypesReader, m: str) -> dict:
-    grid = f"heter.modality_setting.{m}.grid_conf"
-    xb, yb = r.get(f"{grid}.xbound"), r.get(f"{grid}.ybound")
-    d0, d1, n = r.get(f"{grid}.ddiscr")
+    """The reference LiftSplatShoot (lss_reference): its trunk by name, grid, depth bins and widths."""
+    grid, args = f"heter.modality_setting.{m}.grid_conf", f"model.args.{m}.encoder_args"
     rng = r.get("cav_lidar_range")
-    down = int(r.get(f"model.args.{m}.encoder_args.img_downsample", 16))
-    blocks = int(round(math.log2(down))) if down > 0 else 0
-    if not 1 <= blocks <= len(LSS_IMAGE_WIDTHS) or 2 ** blocks != down:
-        r.refuse(f"model.args.{m}.encoder_args.img_downsample",
-                 f"must be a power of two from 2 to {2 ** len(LSS_IMAGE_WIDTHS)}, got {down}")
-        blocks = 1
-    return {"type": "lss", "voxel_size": [xb[2], yb[2], rng[5] - rng[2]],
-            "channels": list(LSS_IMAGE_WIDTHS[:blocks]), "depth_bins": [d0, d1, (d1 - d0) / n],
-            "context_channels": r.get(f"model.args.{m}.encoder_args.img_features", 64)}
+    bounds = {}
+    gencomm = MODELS.get(r.get("model.core_method")) == "gencomm"
+    for axis, lo, hi in (("xbound", rng[0], rng[3]), ("ybound", rng[1], rng[4]), ("zbound", None, None)):
+        b = r.get(f"{grid}.{axis}")
+        if gencomm and lo is not None and not same_value([b[0], b[1]], [lo, hi]):
+            r.refuse(f"{grid}.{axis}", f"{b} does not span the detection range [{lo}, {hi}]: the reference GenComm "
+                     f"extracts the message before it crops / pads the camera feature, which is not reproduced")
+        bounds[axis] = list(b)
+    trunk = r.get(f"{args}.camera_encoder", "EfficientNet")
+    if trunk not in CAMERA_TRUNKS:
+        r.refuse(f"{args}.camera_encoder", f"image trunk {trunk!r} not supported; one of {sorted(CAMERA_TRUNKS)}")
+    mode = r.get(f"{grid}.mode", "UD")
+    if mode not in ("LID", "UD"):
+        r.refuse(f"{grid}.mode", f"depth bins {mode!r} not supported; LID or UD")
+    down = r.get(f"{args}.img_downsample", 16)
+    allowed = (8,) if CAMERA_TRUNKS.get(trunk) == "resnet101" else (8, 16)
+    if down not in allowed:
+        r.refuse(f"{args}.img_downsample", f"{trunk} gives features at stride {list(allowed)}, got {down}")
+    return {"type": "lss_reference", "trunk": CAMERA_TRUNKS.get(trunk, "efficientnet_b0"), "img_downsample": down,
+            "depth_discretization": list(r.get(f"{grid}.ddiscr")), "depth_mode": mode, **bounds,
+            "context_channels": r.get(f"{args}.img_features", 64)}
 
 
 def _stack(r: HypesReader, m: str) -> dict:
@@ -76,7 +87,7 @@ def _stack(r: HypesReader, m: str) -> dict:
         return {}
     if r.get(f"{setting}.sensor_type") != SENSORS[core]:
         r.refuse(f"{setting}.sensor_type", f"{core} is a {SENSORS[core]} encoder")
-    if ENCODERS[core] == "lss":
+    if ENCODERS[core] == "lss_reference":
         encoder = _lss(r, m)
     else:
         voxel = r.get(f"{setting}.preprocess.args.voxel_size")
@@ -137,6 +148,10 @@ def _link(r: HypesReader, kind: str) -> dict:
 def model_section(r: HypesReader, types: List[str]) -> dict:
     """``model:`` of our config (CooperativeDetector arguments)."""
     core = r.get("model.core_method")
+    if r.get("label_type", "lidar") == "camera":
+        r.approximations.append(("label_type", "'camera': the reference's ground truth is only the objects inside "
+                                 "the agents' camera-visibility masks (bev_visibility.png); ours is every labelled "
+                                 "object in range, as with 'lidar'"))
     if core not in MODELS:
         r.refuse("model.core_method", f"model {core!r} not supported; one of {sorted(MODELS)}")
     op = r.get("model.args.fusion_method", "att")

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ..models.backbone import BaseBEVBackbone, DownsampleConv, ResNetBEVBackbone
 from ..models.head import BOX_DIM, AnchorHead
+from ..models.lss_reference import ReferenceLSSEncoder
 from ..models.pointpillars import PointPillarEncoder
 from ..models.pyramid_fusion import PyramidFusion
 from ..models.second import SecondEncoder
@@ -92,6 +93,29 @@ class Layout:
 _BN = "{p:weight|bias|running_mean|running_var|num_batches_tracked}"
 _SP = "{a:0|1}.{p:weight|bias|running_mean|running_var|num_batches_tracked}"  # (sparse conv, BN1d) pairs
 
+
+def _lss_layout() -> Layout:
+    """The reference CamEncode's names -> ours (:mod:`..models.image_trunks`, :mod:`..models.lss_reference`)."""
+    eff = "camencode.trunk._blocks.{i}."
+    block = [(eff + ref + "." + _BN if bn else eff + ref + ".{p}", "trunk.blocks.{i}." + ours + ".{p}")
+             for ref, ours, bn in (("_expand_conv", "expand", False), ("_bn0", "expand_bn", True),
+                                   ("_depthwise_conv", "depthwise", False), ("_bn1", "depthwise_bn", True),
+                                   ("_se_reduce", "se_reduce", False), ("_se_expand", "se_expand", False),
+                                   ("_project_conv", "project", False), ("_bn2", "project_bn", True))]
+    resnet = []
+    for k in range(1, 5):
+        ref, ours = f"camencode.layer{k}.{{j}}.", f"trunk.stages.{k - 1}.{{j}}."
+        resnet += [(ref + "{m:conv1|bn1|conv2|bn2|conv3|bn3}.{p}", ours + "{m}.{p}"),
+                   (ref + "downsample.{a:0|1}.{p}", ours + "shortcut.{a}.{p}")]
+    return Layout(
+        keys=(("camencode.trunk._conv_stem.weight", "trunk.stem.weight"),
+              ("camencode.trunk._bn0." + _BN, "trunk.stem_bn.{p}"), *block,
+              ("camencode.up{n:1|2}.conv.{a:0|1|3|4}.{p}", "up{n}.layers.{a}.{p}"),
+              ("camencode.{m:conv1|bn1}.{p}", "trunk.{m}.{p}"), *resnet,
+              ("camencode.{h:depth_head|image_head}.{p}", "{h}.{p}")),
+        # the EfficientNet's 1280-wide head conv, its BN and the ImageNet classifier: CamEncode stops before them
+        ignored=("camencode.trunk._conv_head.", "camencode.trunk._bn1.", "camencode.trunk._fc."))
+
 LAYOUTS: Dict[type, Layout] = {
     # opencood/models/sub_modules/pillar_vfe.py PillarVFE (PFNLayer: linear without bias, BatchNorm1d)
     PointPillarEncoder: Layout(keys=(("pillar_vfe.pfn_layers.{i}.{m:linear|norm}.{p}", "pfn.layers.{i}.{m}.{p}"),)),
@@ -117,6 +141,10 @@ LAYOUTS: Dict[type, Layout] = {
         transforms=(("ups.{i}.0.weight", unit_deconv),)),
     # opencood/models/sub_modules/downsample_conv.py DownsampleConv: layers.<i>.double_conv = conv, ReLU, conv, ReLU
     DownsampleConv: Layout(keys=(("layers.{i}.double_conv.{a:0|2}.{p}", "layers.{i}.{a:0|2}.{p}"),)),
+    # heter_encoders.py LiftSplatShoot: camencode = lss_submodule.py CamEncode (EfficientNet-B0 trunk of the
+    # efficientnet_pytorch package, Up blocks up1 / up2: conv.0, .1, .3, .4 = conv, BN, conv, BN) or
+    # CamEncode_Resnet101 (torchvision ResNet-101's conv1, bn1, layer1, layer2), then depth_head, image_head
+    ReferenceLSSEncoder: _lss_layout(),
     # fuse_modules/pyramid_fuse.py PyramidFusion (pyramid_backbone: ResNetModified levels resnet.layer<i>,
     # deblocks, single_head_<i>) and heter_pyramid_collab.py's shrink_conv (DownsampleConv after the fusion)
     PyramidFusion: Layout(
@@ -153,7 +181,8 @@ DIFFERENCES: Dict[str, str] = {
     "ShrinkConv": "ours: 3x3 conv (no bias), BN, ReLU; the reference DownsampleConv (shrinker_<m>): per "
                   "layer conv (bias), ReLU, 3x3 conv (bias), ReLU, no BN; build shrink: {type: downsample_conv}",
     "LSSEncoder": "ours: a small conv image net + 1x1 depth/context conv; the reference LiftSplatShoot "
-                  "(encoder_<m>.camencode): EfficientNet-B0 or ResNet-101 trunk, Up block, depth head",
+                  "(encoder_<m>.camencode: EfficientNet-B0 or ResNet-101 trunk, Up blocks, depth head) is "
+                  "encoder type lss_reference",
     "DeformableMessageExtractor": "variant 'default': DCN (no bias), BN, ReLU, SE gate, 1x1 conv, BN, ReLU, "
                                   "1x1 conv; the reference MessageExtractorv2 has no BN (DCN and 1x1 conv with "
                                   "bias): build it with variant: reference",
@@ -171,7 +200,7 @@ REFERENCE_MODULES: Tuple[Tuple[str, str], ...] = (
     (r"message_extractor_m\d+\.", "MessageExtractorv2 (DME, variant: reference)"),
     (r"gencomm\.", "conditional diffusion generator (generator variant: reference)"),
     (r"enhancer\.", "Enhancer (enhancer variant: reference)"),
-    (r"encoder_m\d+\.camencode\.", "LSS image encoder (EfficientNet / ResNet trunk)"),
+    (r"encoder_m\d+\.camencode\.", "LSS image encoder (EfficientNet / ResNet trunk: encoder type lss_reference)"),
     (r"shrink_conv\.", "shared DownsampleConv after fusion"),
     (r"pyramid_backbone\.", "PyramidFusion (model.fusion: pyramid, fusion_op: pyramid)"),
     (r"(aligner_m\d+|compressor|fusion_net)\.", "a module this framework does not have"),

@@ -19,6 +19,7 @@ from .head import AnchorHead, HeadOutput
 from .inputs import EncoderOutput
 from .losses import DetectionLoss, LossTerms
 from .lss import LSSEncoder
+from .lss_reference import ReferenceLSSEncoder
 from .pointpillars import PointPillarEncoder
 from .pyramid_method import PyramidFusionMethod  # noqa: F401  (registers model.fusion: pyramid)
 from .second import SecondEncoder
@@ -52,5 +53,5 @@ __all__ = [
     "Targets", "assign_targets", "ResNetBEVBackbone", "BaseBEVBackbone", "ShrinkConv", "DownsampleConv",
     "EncoderStack", "AnchorHead", "HeadOutput",
     "CameraInput", "LidarInput", "EncoderOutput", "DetectionLoss", "LossTerms", "LSSEncoder",
-    "PointPillarEncoder", "SecondEncoder",
+    "ReferenceLSSEncoder", "PointPillarEncoder", "SecondEncoder",
 ]

@@ -14,6 +14,7 @@ from typing import Any, Dict, Mapping, Optional
 from ..registry import Registry
 from .backbone import BaseBEVBackbone, DownsampleConv, ResNetBEVBackbone, ShrinkConv
 from .lss import LSSEncoder
+from .lss_reference import ReferenceLSSEncoder
 from .pointpillars import PointPillarEncoder
 from .pyramid_fusion import NoShrink
 from .second import SecondEncoder
@@ -74,6 +75,7 @@ ENCODERS = Registry("encoder", "per-type sensor encoders (model.agent_types.<t>.
     "pointpillars": PointPillarEncoder,
     "second": SecondEncoder,
     "lss": LSSEncoder,
+    "lss_reference": ReferenceLSSEncoder,
 })
 BACKBONES = Registry("backbone", "BEV backbones (model.agent_types.<t>.backbone.type)", {
     "resnet_bev": ResNetBEVBackbone,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from ..data.inputs import CameraInput, LidarInput
 from .components import BACKBONES, ENCODERS, SHRINKS, build
@@ -76,6 +77,15 @@ class EncoderStack(nn.Module):
             raise ValueError(f"{where}: encoder BEV grid {self.encoder.bev_shape}: {e}") from None
         s = self.backbone.out_stride * self.shrink.stride
         cell = (self.encoder.bev_cell[0] * s, self.encoder.bev_cell[1] * s)
+        # an encoder whose own grid is not the detection range (the reference LSS's camera grid): its
+        # feature is centre-cropped / zero-padded to the range's share of it, as HEAL does after the shrink
+        self.crop: Optional[Tuple[int, int]] = None
+        own = getattr(self.encoder, "bev_range", None)  # (xmin, ymin, xmax, ymax)
+        if own is not None and any(abs(float(a) - float(b)) > 1e-6 for a, b in
+                                   zip(own, (lidar_range[0], lidar_range[1], lidar_range[3], lidar_range[4]))):
+            shape = (int(shape[0] * float(lidar_range[4]) / float(own[3])),
+                     int(shape[1] * float(lidar_range[3]) / float(own[2])))
+            self.crop = shape
         self.grid = BEVGrid(tuple(float(x) for x in lidar_range), shape, cell)
 
     @property
@@ -94,4 +104,19 @@ class EncoderStack(nn.Module):
             raise TypeError(f"this {type(self.encoder).__name__} stack takes {expected.__name__}, "
                             f"got {type(data).__name__}")
         out = self.encoder(data)
-        return EncoderOutput(bev=self.shrink(self.backbone(out.bev)), depth_logits=out.depth_logits)
+        bev = self.shrink(self.backbone(out.bev))
+        return EncoderOutput(bev=bev if self.crop is None else center_crop(bev, self.crop),
+                             depth_logits=out.depth_logits)
+
+
+def center_crop(x: Tensor, hw: Tuple[int, int]) -> Tensor:
+    """(..., H, W) -> (..., h, w) around the centre (torchvision's CenterCrop): zero-padded first where
+    h > H or w > W (``(d // 2, (d + 1) // 2)`` before / after), then cut from ``round((H' - h) / 2)``."""
+    h, w = hw
+    H, W = x.shape[-2:]
+    if h > H or w > W:
+        dh, dw = max(h - H, 0), max(w - W, 0)
+        x = F.pad(x, (dw // 2, (dw + 1) // 2, dh // 2, (dh + 1) // 2))
+        H, W = x.shape[-2:]
+    top, left = int(round((H - h) / 2.0)), int(round((W - w) / 2.0))
+    return x[..., top:top + h, left:left + w]
