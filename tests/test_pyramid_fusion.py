@@ -47,12 +47,12 @@ def _conv(g, shape, scale=None):
     return torch.randn(*shape, generator=g) * (scale or 1.0 / math.sqrt(fan_in))
 
 
-def heal_state(seed=0):
-    """HEAL-layout keys of the pyramid backbone, shrink_conv and heads (random weights and BN statistics)."""
+def heal_state(seed=0, fusion=FUSION, cin=C, head_in=16):
+    """HEAL-layout keys of the pyramid backbone, shrink_conv and heads (random weights and BN statistics)
+    for the fusion arguments ``fusion`` on ``cin``-wide features."""
     g = torch.Generator().manual_seed(seed)
     ref = {}
-    cin = C
-    for i, (num, stride, cout) in enumerate(zip(FUSION["layer_nums"], FUSION["layer_strides"], FUSION["num_filters"])):
+    for i, (num, stride, cout) in enumerate(zip(fusion["layer_nums"], fusion["layer_strides"], fusion["num_filters"])):
         width = (cout * 4 // 64) * 32
         for j in range(num):
             p = f"pyramid_backbone.resnet.layer{i}.{j}."
@@ -66,17 +66,18 @@ def heal_state(seed=0):
                 ref[p + "downsample.0.weight"] = _conv(g, (cout, cin, 1, 1))
                 _bn(g, p + "downsample.1.", cout, ref)
             cin = cout
-        up, cu = FUSION["upsample_strides"][i], FUSION["num_upsample_filters"][i]
+        up, cu = fusion["upsample_strides"][i], fusion["num_upsample_filters"][i]
         ref[f"pyramid_backbone.deblocks.{i}.0.weight"] = _conv(g, (cout, cu, up, up), 1.0 / math.sqrt(cout))
         _bn(g, f"pyramid_backbone.deblocks.{i}.1.", cu, ref)
         ref[f"pyramid_backbone.single_head_{i}.weight"] = _conv(g, (1, cout, 1, 1))
         ref[f"pyramid_backbone.single_head_{i}.bias"] = torch.randn(1, generator=g) * 0.5
-    ref["shrink_conv.layers.0.double_conv.0.weight"] = _conv(g, (16, 24, 3, 3))
-    ref["shrink_conv.layers.0.double_conv.0.bias"] = torch.randn(16, generator=g) * 0.1
-    ref["shrink_conv.layers.0.double_conv.2.weight"] = _conv(g, (16, 16, 3, 3))
-    ref["shrink_conv.layers.0.double_conv.2.bias"] = torch.randn(16, generator=g) * 0.1
+    width = sum(fusion["num_upsample_filters"])
+    ref["shrink_conv.layers.0.double_conv.0.weight"] = _conv(g, (head_in, width, 3, 3))
+    ref["shrink_conv.layers.0.double_conv.0.bias"] = torch.randn(head_in, generator=g) * 0.1
+    ref["shrink_conv.layers.0.double_conv.2.weight"] = _conv(g, (head_in, head_in, 3, 3))
+    ref["shrink_conv.layers.0.double_conv.2.bias"] = torch.randn(head_in, generator=g) * 0.1
     for name, out in (("cls_head", 2), ("reg_head", 14), ("dir_head", 4)):
-        ref[f"{name}.weight"] = _conv(g, (out, 16, 1, 1))
+        ref[f"{name}.weight"] = _conv(g, (out, head_in, 1, 1))
         ref[f"{name}.bias"] = torch.randn(out, generator=g) * 0.1
     return ref
 
@@ -207,6 +208,23 @@ def test_a_sample_alone_is_heal_forward_single():
         y = F.relu(F.conv2d(y, ref[f"shrink_conv.layers.0.double_conv.{k}.weight"],
                             ref[f"shrink_conv.layers.0.double_conv.{k}.bias"], padding=1))
     torch.testing.assert_close(ours, y, rtol=0, atol=1e-5 * float(y.abs().max()))
+
+
+def test_heal_m1_base_widths_import_whole():
+    """HEAL's stage-1 m1 base (64 in; [3, 5, 8] ResNeXt levels 64 / 128 / 256; deblocks to 128 each; shrink
+    384 -> 256): every hand-built HEAL key finds its module, and the counts are HEAL's."""
+    heal = dict(FUSION, layer_nums=[3, 5, 8], num_filters=[64, 128, 256], num_upsample_filters=[128, 128, 128],
+                shrink={"kernel_size": [3], "stride": [1], "padding": [1], "dims": [256]})
+    types = {"m1": dict(TYPES["m1"], encoder={"type": "pointpillars", "voxel_size": list(VOXEL), "num_filters": [64]},
+                        backbone=dict(TYPES["m1"]["backbone"], num_filters=[64]))}
+    model = CooperativeDetector(types, RANGE, fusion="pyramid", fusion_op="pyramid", fusion_args=heal,
+                                link={"type": "full_feature"})
+    ref = heal_state(fusion=heal, cin=64, head_in=256)
+    mapping = import_reference_state(ref, model, partial=True)
+    assert {"fuse", "head"} <= set(mapping.matched) and not mapping.unused
+    pyramid = [k for k in ref if k.startswith(("pyramid_backbone.", "shrink_conv.")) and "running" not in k
+               and "num_batches" not in k]
+    assert sum(ref[k].numel() for k in pyramid) == sum(p.numel() for p in model.fuse.parameters()) == 5_232_707
 
 
 def heal_occ_loss(occ_list, pos_equal_one, neg_equal_one, relative_downsample, weights, pos_cls_weight, alpha, gamma):

@@ -94,7 +94,9 @@ class PyramidFusion(nn.Module):
 
     Under ``model.fusion: pyramid`` (:mod:`.pyramid_method`) the features arrive in their senders' frames
     and :meth:`collab` warps each level (HEAL's order); under ``intermediate`` :meth:`forward` receives
-    features the link already warped into the ego frame.
+    features the link already warped into the ego frame (any link; the pyramid then runs after the warp,
+    and no foreground loss is taken). Under ``none`` / ``late`` the head would read the unfused feature:
+    those methods do not run the fusion op, so a pyramid model is evaluated with ``pyramid``.
     """
 
     def __init__(self, channels: int, layer_nums: Sequence[int] = (3, 5, 8),
