@@ -73,24 +73,40 @@ class GenCommLink(nn.Module):
             out[idx] = self.dme[t](features[idx]).to(out.dtype)  # autocast: the DME may compute in bf16
         return out
 
-    def receive(self, payload: Tensor, arrival: Arrival) -> Tensor:
-        """Receiver side, batched over messages (:mod:`opencood_ext.models.links`): warp each
-        message into the receiver's frame, generate a feature in the receiver's own space from
-        it and the receiver's own feature, enhance; zero outside the cells the sender covers."""
-        T_ego_from_sender, ego_feature = arrival.T_ego_from_sender, arrival.receiver_features
-        receiver_types = arrival.receiver_types
-        n, _, H, W = payload.shape
-        gen = ego_feature.new_zeros(n, ego_feature.shape[1], H, W)
-        cond = warp_to_ego(payload, T_ego_from_sender, self.lidar_range) if self.warp_before_generation \
-            else payload
+    def _generate(self, cond: Tensor, init: Tensor, receiver_types: List[str]) -> Tensor:
+        """Row k: the receiver type's SAFG from message ``cond[k]`` and init ``init[k]``, then its
+        enhancer. (n, m, H, W), (n, C, H, W) -> (n, C, H, W)."""
+        gen = init.new_zeros(init.shape)
         for r in dict.fromkeys(receiver_types):
             if r not in self.safg:
                 raise KeyError(f"receiver type {r} has no feature generator; known: {sorted(self.safg)}")
-            sel = torch.as_tensor([k for k, t in enumerate(receiver_types) if t == r], device=payload.device)
-            gen[sel] = self.enhancer[r](self.safg[r](cond[sel], ego_feature[sel]).feature).to(gen.dtype)
+            sel = torch.as_tensor([k for k, t in enumerate(receiver_types) if t == r], device=init.device)
+            gen[sel] = self.enhancer[r](self.safg[r](cond[sel], init[sel]).feature).to(gen.dtype)
+        return gen
+
+    def receive(self, payload: Tensor, arrival: Arrival) -> Tensor:
+        """Receiver side, batched over messages (:mod:`opencood_ext.models.links`): warp each
+        message into the receiver's frame, generate a feature in the receiver's own space from
+        it and the receiver's own feature, enhance; zero outside the cells the sender covers.
+        Protocol ``reference`` (needs ``warp_before_generation: false``): generate from the
+        unwarped message, enhance, warp, and mask nothing, as the reference GenComm does."""
+        reference = arrival.protocol == "reference"
+        if reference and self.warp_before_generation:
+            raise ValueError("model.link.warp_before_generation: protocol reference generates in the sender's "
+                             "frame and warps afterwards, as the reference GenComm does; set it false")
+        T_ego_from_sender = arrival.T_ego_from_sender
+        cond = warp_to_ego(payload, T_ego_from_sender, self.lidar_range) if self.warp_before_generation \
+            else payload
+        gen = self._generate(cond, arrival.receiver_features, arrival.receiver_types)
         if not self.warp_before_generation:
             gen = warp_to_ego(gen, T_ego_from_sender, self.lidar_range)
-        return gen * arrival.valid
+        return gen if reference else gen * arrival.valid
+
+    def own(self, features: Tensor, agent_types: List[str]) -> Tensor:
+        """Protocol ``reference``: the receiver's own (n, C, H, W) features, ego frame, replaced as the
+        reference GenComm replaces the ego's: its type's DME message of the feature, generated
+        into a feature from that message and the feature itself, enhanced."""
+        return self._generate(self.send(features, agent_types), features, agent_types)
 
     def losses(self, received: Tensor, sender_features: Tensor, arrival: Arrival) -> Dict[str, Tensor]:
         """Stage 1: MSE between each generated feature and the sender's real one warped to the ego."""

@@ -36,7 +36,7 @@ from opencood_ext import methods  # noqa: F401  (registers the heterogeneous bas
 from opencood_ext.models import build, check_args, voxel_sizes
 from opencood_ext.models.fusion_methods import FUSION_METHODS, FusionMethod
 
-from .models.detector import CooperativeDetector
+from .models.detector import PROTOCOLS, CooperativeDetector, Protocol  # noqa: F401  (PROTOCOLS: the choices)
 from .training.trainer import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,7 @@ class StageConfig:
 # outside a collaborator's coverage, rotated-IoU anchor targets, our post-processing and ground-truth
 # rules). "reference": exactly the GenComm reference / HEAL code's computation, so an imported
 # checkpoint gives the reference's outputs and AP (docs/protocol.md lists what remains different).
-PROTOCOLS = ("native", "reference")
-Protocol = Literal["native", "reference"]
+# (Defined with the model that runs them: opencood_ext.models.detector.)
 
 
 @dataclass
@@ -218,6 +217,9 @@ def check_choices(cfg: "ExperimentConfig") -> None:
     if not isinstance(model["agent_types"], dict):
         raise FieldError(f"model.agent_types must map type names to encoder stacks, got {model['agent_types']!r}",
                          ("model", "agent_types"))
+    if "protocol" in model:
+        raise FieldError(f"model.protocol: the protocol is the experiment's top-level key (protocol: "
+                         f"{' | '.join(PROTOCOLS)}), which the model is built with", ("model", "protocol"))
     for key in model:  # a misspelt key first: "link is required" would hide the 'lnk' that meant it
         try:
             check_args(CooperativeDetector, "cooperative", {} if key == "type" else {key: model[key]}, "model")
@@ -277,12 +279,13 @@ def join_types(ego: ExperimentConfig, others: Dict[str, ExperimentConfig]) -> di
 
 def build_model(cfg: ExperimentConfig) -> CooperativeDetector:
     """The ``model:`` section built through the registry; the detection area and the voxel caps
-    of each LiDAR type (where the receiver voxelises) are derived from ``data:``."""
+    of each LiDAR type (where the receiver voxelises) are derived from ``data:``, the computation
+    it follows from the top-level ``protocol:``."""
     caps = {t: (s.max_points_per_voxel, s.max_voxels) for t, s in cfg.data.agent_types.items()
             if s.sensor == "lidar"}
     try:
         model = build(cfg.model, {"cooperative": CooperativeDetector}, "model", default_type="cooperative",
-                      lidar_range=list(cfg.data.lidar_range), voxel_caps=caps)
+                      lidar_range=list(cfg.data.lidar_range), voxel_caps=caps, protocol=cfg.protocol)
         model.receiver = cfg.receiver  # loads the alliance key it names
         return model
     except (ValueError, TypeError, KeyError) as exc:

@@ -25,13 +25,19 @@ class AnchorGenerator:
     sizes: (l, w, h) per anchor size; rotations: yaw angles (radians);
     z_center: one value or one per size; size_classes: class index per size
     (multi-class, e.g. V2X-Real: one size per class); default all class 0.
+    margin: None puts anchors at the cell centres (module docstring); ``(mx, my)`` metres
+    places them as the reference VoxelPostprocessor does: ``W`` points evenly from
+    ``xmin + mx`` to ``xmax - mx`` (both ends included), ``H`` from ``ymin + my`` to
+    ``ymax - my``; the reference's margin is its voxel size, not half a feature cell, so its
+    anchors sit up to half a cell off the feature cells' centres.
     """
 
     def __init__(self, lidar_range: Sequence[float], feature_size: Sequence[int],
                  sizes: Sequence[Sequence[float]] = ((3.9, 1.6, 1.56),),
                  rotations: Sequence[float] = (0.0, math.pi / 2),
                  z_center: Union[float, Sequence[float]] = -1.0,
-                 size_classes: Optional[Sequence[int]] = None):
+                 size_classes: Optional[Sequence[int]] = None,
+                 margin: Optional[Sequence[float]] = None):
         sizes = [tuple(float(v) for v in s) for s in sizes]
         if not sizes or any(len(s) != 3 or min(s) <= 0 for s in sizes) or not len(rotations):
             raise ValueError(f"anchors: sizes must be positive (l, w, h) triples and rotations non-empty; "
@@ -45,8 +51,17 @@ class AnchorGenerator:
         self.feature_size = (H, W)
         self.num_per_loc = len(sizes) * len(rotations)
         self.num_classes = max(classes) + 1
-        xs = xmin + (torch.arange(W, dtype=torch.float32) + 0.5) * (xmax - xmin) / W
-        ys = ymin + (torch.arange(H, dtype=torch.float32) + 0.5) * (ymax - ymin) / H
+        if margin is None:
+            xs = xmin + (torch.arange(W, dtype=torch.float32) + 0.5) * (xmax - xmin) / W
+            ys = ymin + (torch.arange(H, dtype=torch.float32) + 0.5) * (ymax - ymin) / H
+        else:
+            mx, my = (float(v) for v in margin) if len(margin) == 2 else (-1.0, -1.0)
+            if not (0 <= mx < (xmax - xmin) / 2 and 0 <= my < (ymax - ymin) / 2):
+                raise ValueError(f"anchors.margin must be (mx, my) metres, >= 0 and inside half the range, "
+                                 f"got {list(margin)}")
+            # as numpy's linspace in float64, then float32 (the reference's anchors are float64 arrays)
+            xs = torch.linspace(xmin + mx, xmax - mx, W, dtype=torch.float64).float()
+            ys = torch.linspace(ymin + my, ymax - my, H, dtype=torch.float64).float()
         per_loc = torch.tensor([[0.0, 0.0, z, *s, float(r)] for s, z in zip(sizes, zs) for r in rotations])
         anchors = per_loc[None, None].repeat(H, W, 1, 1)  # (H, W, K, 7)
         anchors[..., 0] = xs[None, :, None]
@@ -205,6 +220,78 @@ def assign_targets(anchors: torch.Tensor, gt_boxes: torch.Tensor,
         a_idx, g_idx = is_best.nonzero(as_tuple=True)
         labels[a_idx] = 1
         matched[a_idx] = g_idx
+    pos = labels == 1
+    reg = torch.zeros(n, 7)
+    dirs = torch.zeros(n, dtype=torch.long)
+    gt_class = torch.full((n,), -1, dtype=torch.long)
+    if bool(pos.any()):
+        m = matched[pos]
+        reg[pos] = coder.encode(gt[m], anchors[pos])
+        dirs[pos] = coder.dir_target(gt[m, 6])
+        gt_class[pos] = g_cls[m]
+    return Targets(labels=labels, gt_class=gt_class, matched_gt=matched, reg_targets=reg, dir_targets=dirs)
+
+
+def standup_iou_reference(anchors: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+    """(N, G) IoU of the axis-aligned BEV rectangles around anchors (N, 7) and boxes (G, 7), as the
+    reference's target assignment computes it (Fast R-CNN's ``bbox_overlaps`` in float32): every side
+    length and overlap counts one unit MORE than it measures (``x2 - x1 + 1``, in metres here), so
+    rectangles up to 1 m apart still overlap a little and IoUs of car-sized boxes are pulled up."""
+    def standup(b):
+        c, s = torch.cos(b[:, 6]).abs(), torch.sin(b[:, 6]).abs()
+        hx, hy = (c * b[:, 3] + s * b[:, 4]) / 2, (s * b[:, 3] + c * b[:, 4]) / 2
+        return torch.stack([b[:, 0] - hx, b[:, 1] - hy, b[:, 0] + hx, b[:, 1] + hy], dim=1)
+
+    a, g = standup(anchors.double()).float(), standup(gt.double()).float()
+    iw = (torch.minimum(a[:, None, 2], g[None, :, 2]) - torch.maximum(a[:, None, 0], g[None, :, 0]) + 1).clamp(min=0)
+    ih = (torch.minimum(a[:, None, 3], g[None, :, 3]) - torch.maximum(a[:, None, 1], g[None, :, 1]) + 1).clamp(min=0)
+    inter = iw * ih
+    area_a = (a[:, 2] - a[:, 0] + 1) * (a[:, 3] - a[:, 1] + 1)
+    area_g = (g[:, 2] - g[:, 0] + 1) * (g[:, 3] - g[:, 1] + 1)
+    return torch.where(inter > 0, inter / (area_a[:, None] + area_g[None, :] - inter), torch.zeros_like(inter))
+
+
+def assign_targets_reference(anchors: torch.Tensor, gt_boxes: torch.Tensor,
+                             pos_iou: Union[float, Sequence[float]] = 0.6,
+                             neg_iou: Union[float, Sequence[float]] = 0.45,
+                             coder: Optional[BoxCoder] = None, gt_classes: Optional[torch.Tensor] = None,
+                             anchor_classes: Optional[torch.Tensor] = None) -> Targets:
+    """The reference VoxelPostprocessor's ``generate_label`` (protocol ``reference``), same arguments
+    and result as :func:`assign_targets`. IoU is :func:`standup_iou_reference` (axis-aligned, +1);
+    an anchor is positive when an IoU is ABOVE ``pos_iou`` (strictly), matched to the lowest-index
+    such box; each box's single best anchor (the first on a tie, IoU > 0) is positive too, matched
+    to it unless the anchor is a threshold positive already; negative when every IoU is below
+    ``neg_iou`` and it is no box's best anchor; else ignored. Multi-class: IoUs across classes are 0
+    (the reference's single-class rule per class)."""
+    coder = coder or BoxCoder()
+    anchors = torch.as_tensor(anchors, dtype=torch.float32)
+    gt = torch.as_tensor(gt_boxes, dtype=torch.float32).reshape(-1, 7)
+    n, g = anchors.shape[0], gt.shape[0]
+    a_cls = torch.zeros(n, dtype=torch.long) if anchor_classes is None else torch.as_tensor(anchor_classes).long()
+    g_cls = torch.zeros(g, dtype=torch.long) if gt_classes is None else torch.as_tensor(gt_classes).long()
+    if a_cls.shape != (n,) or g_cls.shape != (g,):
+        raise ValueError(f"assign_targets_reference: anchor_classes must be ({n},) and gt_classes ({g},); got "
+                         f"{tuple(a_cls.shape)}, {tuple(g_cls.shape)}")
+    labels = torch.zeros(n, dtype=torch.long)
+    matched = torch.full((n,), -1, dtype=torch.long)
+    if g:
+        iou = standup_iou_reference(anchors, gt)
+        iou = torch.where(a_cls[:, None] == g_cls[None, :], iou, torch.zeros_like(iou))
+        pos_t, neg_t = _per_class(pos_iou, a_cls), _per_class(neg_iou, a_cls)
+        above = iou > pos_t[:, None]
+        best = iou.argmax(dim=0)  # (G,) the first best anchor of each box
+        best_ok = iou[best, torch.arange(g)] > 0
+        is_best = torch.zeros(n, dtype=torch.bool)
+        is_best[best[best_ok]] = True
+        # a box index larger than any, for "no such box"
+        first_above = torch.where(above, torch.arange(g)[None, :], torch.full_like(iou, g, dtype=torch.long)).amin(1)
+        best_gt = torch.full((n,), g, dtype=torch.long)
+        for j in reversed(torch.arange(g)[best_ok].tolist()):  # the lowest box index wins
+            best_gt[best[j]] = j
+        pos = (first_above < g) | is_best
+        matched = torch.where(first_above < g, first_above, torch.where(is_best, best_gt, matched))
+        neg = (iou < neg_t[:, None]).all(dim=1) & ~is_best
+        labels = torch.where(pos, 1, torch.where(neg, 0, -1)).long()
     pos = labels == 1
     reg = torch.zeros(n, 7)
     dirs = torch.zeros(n, dtype=torch.long)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, List, Literal, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -32,7 +32,7 @@ from ..comm.receiver import ReceiverConfig
 from ..postprocess import Detections, decode_detections
 from ..registry import Registry
 from . import build
-from .anchors import AnchorGenerator, BoxCoder, Targets, assign_targets
+from .anchors import AnchorGenerator, BoxCoder, Targets, assign_targets, assign_targets_reference
 from .encoder_stack import EncoderStack
 from .feature_cache import Encoded, FeatureCache, frozen
 from .fusion import AttFusion, MaxFusion
@@ -42,6 +42,10 @@ from .links import LINKS
 from .losses import DetectionLoss, LossOutput
 from .pyramid_fusion import PyramidFusion
 from .v2xvit import V2XViTFusion
+
+# whose computation a model runs (the experiment's top-level ``protocol:``; CooperativeDetector)
+PROTOCOLS = ("native", "reference")
+Protocol = Literal["native", "reference"]
 
 FUSION_OPS = Registry("fusion op", "fusion of the ego's and the received features (model.fusion_op, "
                       "its arguments in model.fusion_args)",
@@ -85,6 +89,12 @@ class CooperativeDetector(nn.Module):
         (messages travel in memory there); 0 = never. Teaches the receiver to cope without them.
     voxel_caps: derived from ``data.agent_types``: ``{type: (max_points_per_voxel, max_voxels)}``,
         used where the receiver voxelises (early fusion's merged cloud; None = every grid cell).
+    protocol: whose computation the model runs (the experiment's top-level ``protocol:``, passed
+        by :func:`~opencood_ext.experiment.build_model`). "native": this project's own. "reference":
+        the GenComm reference / HEAL code's: the link also turns the ego's own feature into what
+        the reference fuses (GenComm: generated from its own message and enhanced), fusion has no
+        coverage masks (OpenCOOD's AttFusion / max over the zero-padded warps), anchor targets
+        by the reference's axis-aligned rule (:func:`~.anchors.assign_targets_reference`).
     post_fusion_layers: 3x3 conv-BN-ReLU layers (C -> C) between fusion and the 1x1 head,
         for every fusion method alike (0: the head reads each fused cell alone). A warped
         collaborator feature says its boxes' sub-cell offsets and yaw in the sender's grid and
@@ -98,10 +108,14 @@ class CooperativeDetector(nn.Module):
                  loss: Optional[dict] = None, depth_weight: float = 1.0,
                  score_threshold: float = 0.2, nms_iou: float = 0.15, max_boxes: int = 150,
                  post_fusion_layers: int = 0, train_message_drop: float = 0.0,
-                 voxel_caps: Optional[Dict[str, Tuple[int, Optional[int]]]] = None):
+                 voxel_caps: Optional[Dict[str, Tuple[int, Optional[int]]]] = None,
+                 protocol: Protocol = "native"):
         super().__init__()
         if not agent_types:
             raise ValueError("model.agent_types is empty: name at least one agent type")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
+        self.protocol: Protocol = protocol
         self.lidar_range = [float(v) for v in lidar_range]
         self.method = FUSION_METHODS.get_class(fusion, "model.fusion")()
         if not 0.0 <= float(train_message_drop) <= 1.0:
@@ -120,7 +134,7 @@ class CooperativeDetector(nn.Module):
         self._type_specs = {t: dict(spec) for t, spec in agent_types.items()}
         self.encoders = nn.ModuleDict({
             t: build(spec, {"stack": EncoderStack}, f"model.agent_types.{t}", default_type="stack",
-                     lidar_range=self.lidar_range)
+                     lidar_range=self.lidar_range, protocol=protocol)
             for t, spec in agent_types.items()})
         grids = {t: s.grid for t, s in self.encoders.items()}
         first_t, first = next(iter(grids.items()))
@@ -302,7 +316,8 @@ class CooperativeDetector(nn.Module):
     def targets(self, gt_boxes: List[Tensor], gt_classes: List[Tensor]) -> Targets:
         anchors = self.anchors.cpu()
         anchor_classes = self.anchor_gen.flat_classes()
-        items = [assign_targets(anchors, g.cpu().float(), self.pos_iou, self.neg_iou, self.coder,
+        assign = assign_targets_reference if self.protocol == "reference" else assign_targets
+        items = [assign(anchors, g.cpu().float(), self.pos_iou, self.neg_iou, self.coder,
                                 gt_classes=c.cpu(), anchor_classes=anchor_classes)
                  for g, c in zip(gt_boxes, gt_classes)]
         return Targets.stack(items)

@@ -6,6 +6,7 @@ can be fused: compare ``stack.grid`` across types (the lead's model does).
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
@@ -49,6 +50,7 @@ class EncoderStack(nn.Module):
         ``in_channels``; its width is its own argument, so ``shrink_channels`` stays unset). A
         shrink with a stride (``downsample_conv``) coarsens the feature grid by it.
     where: config location used in error messages.
+    protocol: the model's (derived); passed on to an encoder whose constructor takes it.
 
     forward(LidarInput | CameraInput) -> EncoderOutput(bev (A, out_channels, H, W),
     depth_logits or None).
@@ -56,9 +58,13 @@ class EncoderStack(nn.Module):
 
     def __init__(self, encoder: Mapping[str, Any], backbone: Mapping[str, Any],
                  lidar_range: Sequence[float], shrink_channels: Optional[int] = None,
-                 shrink: Optional[Mapping[str, Any]] = None, where: str = "encoder_stack"):
+                 shrink: Optional[Mapping[str, Any]] = None, where: str = "encoder_stack",
+                 protocol: str = "native"):
         super().__init__()
-        self.encoder = build(encoder, ENCODERS, f"{where}.encoder", lidar_range=list(lidar_range))
+        # the model's protocol (derived) reaches the encoders that compute differently under it
+        cls = ENCODERS.get(encoder.get("type")) if isinstance(encoder, Mapping) else None
+        extra = {"protocol": protocol} if cls is not None and "protocol" in inspect.signature(cls).parameters else {}
+        self.encoder = build(encoder, ENCODERS, f"{where}.encoder", lidar_range=list(lidar_range), **extra)
         self.backbone = build(backbone, BACKBONES, f"{where}.backbone", default_type="resnet_bev",
                               in_channels=self.encoder.out_channels)
         if shrink is None:

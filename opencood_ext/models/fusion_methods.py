@@ -291,16 +291,22 @@ class IntermediateFusion(FusionMethod):
     def receive(self, model, batch, feats, arrived) -> ModelOutput:
         own = ego_features(model, batch, feats)  # (B, C, H, W)
         B = own.shape[0]
+        reference = model.protocol == "reference"
+        ego_types = [batch.agent_types[r] for r in batch.ego_index.tolist()]
+        # under the reference protocol the ego fuses what the link makes of its own feature (the
+        # reference GenComm: generated from its own message and enhanced); the link still reads the
+        # ego's real feature (``own``) as the receiver's
+        mine_own = model.link.own(own, ego_types) if reference and hasattr(model.link, "own") else own
         if not len(arrived):
             extra = _ages(model, batch, arrived, [[]] * B, own.device)
-            return ModelOutput(model.detect(model.fuse(own, [1] * B, None, **extra)))
+            return ModelOutput(model.detect(model.fuse(mine_own, [1] * B, None, **extra)))
         device = own.device
         T = arrived.T_ego_from_sender(batch.T_ego_from_world).to(device)
         H, W = model.grid.shape
         valid = warp_mask(T, model.lidar_range, (H, W), device=device)
         receiver = torch.as_tensor(arrived.receiver, device=device)
-        ego_types = [batch.agent_types[r] for r in batch.ego_index.tolist()]
-        arrival = Arrival(T, list(arrived.agent_type), own[receiver], [ego_types[r] for r in arrived.receiver], valid)
+        arrival = Arrival(T, list(arrived.agent_type), own[receiver], [ego_types[r] for r in arrived.receiver], valid,
+                          protocol=model.protocol)
         got = model.link.receive(arrived.stacked().to(device), arrival)
         losses = model.link.losses(got, feats[torch.as_tensor(arrived.source_row, device=device)], arrival) \
             if model.training else {}
@@ -309,10 +315,11 @@ class IntermediateFusion(FusionMethod):
         rows, masks, counts, per_sample = [], [], [], []
         for b in range(B):
             mine = [k for k in order if arrived.receiver[k] == b]
-            rows += [own[b:b + 1]] + [got[k:k + 1] for k in mine]
+            rows += [mine_own[b:b + 1]] + [got[k:k + 1] for k in mine]
             masks += [torch.ones(1, 1, H, W, device=device)] + [valid[k:k + 1] for k in mine]
             counts.append(1 + len(mine))
             per_sample.append(mine)
-        fused = model.fuse(torch.cat(rows), counts, torch.cat(masks),
+        # the reference fuses the zero-padded warps as they are (OpenCOOD's AttFusion / max): no masks
+        fused = model.fuse(torch.cat(rows), counts, None if reference else torch.cat(masks),
                            **_ages(model, batch, arrived, per_sample, device))
         return ModelOutput(model.detect(fused), losses=losses)

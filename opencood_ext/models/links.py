@@ -13,6 +13,9 @@ A link has two halves, run on different machines in reality:
   -> (n, C, H, W) features in the ego frame, ready for fusion.
 * ``losses(received, sender_features, arrival)``: auxiliary training losses
   (the sender's real feature, in its own frame, is at hand in training only).
+* ``own(features, agent_types)`` (optional): under protocol ``reference``, what the receiver
+  fuses in place of its own (n, C, H, W) feature, ego frame; a link without it fuses the feature
+  as is (HEAL's and OpenCOOD's models; the reference GenComm generates and enhances the ego's too).
 
 ``payload_channels`` and ``wire_dtype`` say what crosses the network.
 :data:`LINKS` is the registry the ``model.link.type`` config key names;
@@ -43,13 +46,15 @@ class Arrival:
     T_ego_from_sender: (n, 4, 4) each message's pose seen from its receiver (header pose and the
         receiver's own pose); sender_types: (n,) from the headers; receiver_features: (n, C, H, W)
         each receiver's own feature, ego frame; receiver_types: (n,); valid: (n, 1, H, W) the ego
-        cells each sender covers."""
+        cells each sender covers. protocol: the receiving model's (``native`` or ``reference``:
+        follow the reference code's computation, which masks no cells by coverage)."""
 
     T_ego_from_sender: Tensor
     sender_types: List[str]
     receiver_features: Tensor
     receiver_types: List[str]
     valid: Tensor
+    protocol: Literal["native", "reference"] = "native"
 
 
 @LINKS.register("full_feature")
@@ -72,6 +77,10 @@ class FullFeatureLink(nn.Module):
 
     def receive(self, payload: Tensor, arrival: Arrival) -> Tensor:
         return warp_to_ego(payload, arrival.T_ego_from_sender, self.lidar_range)
+
+    def own(self, features: Tensor, agent_types: List[str]) -> Tensor:
+        """The receiver fuses its own feature as is (HEAL's / OpenCOOD's models, every protocol)."""
+        return features
 
     def losses(self, received: Tensor, sender_features: Tensor, arrival: Arrival) -> Dict[str, Tensor]:
         return {}

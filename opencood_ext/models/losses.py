@@ -56,11 +56,18 @@ class LossTerms:
 
 
 class DetectionLoss(nn.Module):
-    """HeadOutput + batched Targets (B, N = H W K) -> :class:`LossTerms`."""
+    """HeadOutput + batched Targets (B, N = H W K) -> :class:`LossTerms`.
+
+    pos_cls_weight: weight of a positive anchor's classification term against a negative's 1
+    (the reference's ``loss.args.pos_cls_weight``, 2.0 in its yamls; 1.0 here by default)."""
 
     def __init__(self, cls_weight: float = 2.0, box_weight: float = 2.0, dir_weight: float = 0.2,
-                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, smooth_l1_beta: float = 1.0 / 9.0):
+                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, smooth_l1_beta: float = 1.0 / 9.0,
+                 pos_cls_weight: float = 1.0):
         super().__init__()
+        if not float(pos_cls_weight) > 0:
+            raise ValueError(f"model.loss.pos_cls_weight must be > 0, got {pos_cls_weight}")
+        self.pos_cls_weight = float(pos_cls_weight)
         self.cls_weight, self.box_weight, self.dir_weight = float(cls_weight), float(box_weight), float(dir_weight)
         self.focal_alpha, self.focal_gamma = float(focal_alpha), float(focal_gamma)
         self.smooth_l1_beta = float(smooth_l1_beta)
@@ -82,7 +89,10 @@ class DetectionLoss(nn.Module):
         else:
             onehot = F.one_hot(targets.gt_class.clamp(min=0), ncls).to(cls.dtype) * pos_w[..., None]
         focal = sigmoid_focal_loss(cls, onehot, self.focal_alpha, self.focal_gamma).sum(-1)
-        cls_loss = (focal * targets.cls_weights.to(cls.dtype) / norm).sum(1).mean()
+        cls_w = targets.cls_weights.to(cls.dtype)
+        if self.pos_cls_weight != 1.0:
+            cls_w = cls_w + (self.pos_cls_weight - 1.0) * pos_w
+        cls_loss = (focal * cls_w / norm).sum(1).mean()
 
         diff = reg - targets.reg_targets.to(reg.dtype)
         diff = torch.cat([diff[..., :6], torch.sin(diff[..., 6:7])], dim=-1)

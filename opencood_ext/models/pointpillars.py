@@ -7,9 +7,10 @@ y and ``W = nx`` columns along x: the pillar at coords ``[a, 0, y, x]`` lands at
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Literal, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from opencood_ext.data.voxelize import grid_shape
@@ -142,17 +143,26 @@ class PointPillarEncoder(nn.Module):
     ``voxel_size[2]`` must cover the whole z extent of ``lidar_range`` (one pillar layer).
     out_channels = ``num_filters[-1]``; output ``(A, C, ny, nx)``, one cell per pillar
     (``bev_cell = (vx, vy)`` metres).
+
+    protocol (derived, the model's): "reference" pools as OpenCOOD's PillarVFE does, over every
+    slot of the (V, P, 4) voxel tensor: a pillar with fewer than P points also takes the max with
+    its zeroed padding slots, each ``relu(BN(linear(0)))`` (one PFN layer only, as the reference
+    configs have; the BatchNorm's running statistics give that value). "native": valid points only.
     """
 
     input_kind = "lidar"
 
     def __init__(self, lidar_range: Sequence[float], voxel_size: Sequence[float] = (0.4, 0.4, 4.0),
-                 num_filters: Sequence[int] = (64,)):
+                 num_filters: Sequence[int] = (64,), protocol: Literal["native", "reference"] = "native"):
         super().__init__()
         nz, ny, nx = grid_shape(lidar_range, voxel_size)
         if nz != 1:
             raise ValueError(f"pointpillars: voxel_size[2]={voxel_size[2]} must span the z range "
                              f"{lidar_range[2]}..{lidar_range[5]} (got {nz} layers)")
+        if protocol == "reference" and len(num_filters) != 1:
+            raise ValueError(f"pointpillars: protocol reference restates the reference's one-layer pillar net; "
+                             f"num_filters has {len(num_filters)} layers ({list(num_filters)})")
+        self.protocol = protocol
         self.lidar_range = tuple(float(x) for x in lidar_range)
         self.voxel_size = tuple(float(x) for x in voxel_size)
         self.pfn = PillarFeatureNet(voxel_size, lidar_range, num_filters)
@@ -162,4 +172,11 @@ class PointPillarEncoder(nn.Module):
 
     def forward(self, data: LidarInput) -> EncoderOutput:
         feats = self.pfn(data.voxels, data.num_points, data.coords)
+        if self.protocol == "reference" and len(feats):
+            layer = self.pfn.layers[0]
+            norm = layer["norm"]
+            empty = F.batch_norm(feats.new_zeros(1, feats.shape[1]), norm.running_mean, norm.running_var,
+                                 norm.weight, norm.bias, False, 0.0, norm.eps).relu()  # (1, C) a padding slot
+            padded = (data.num_points < data.voxels.shape[1])[:, None]
+            feats = torch.where(padded, torch.maximum(feats, empty), feats)
         return EncoderOutput(bev=scatter_to_bev(feats, data.coords, data.num_agents, self.bev_shape))
