@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .scene import Hits, RayScene, rotate
+from .scene import Hits, RayScene, along_rays, rotate
 from .world import LidarSpec
 
 INCIDENCE_WEIGHT = 0.15
@@ -84,7 +84,7 @@ class LidarModel:
         t = hits.t[idx]
         sub = Hits(t, hits.surface[idx], hits.normal[idx])
         d = dirs_w[idx]
-        _, refl = scene.material(sub, origin + d * t[:, None], color=False)
+        _, refl = scene.material(sub, along_rays(origin, d, t), color=False)
         cos_inc = np.abs(np.einsum("ij,ij->i", sub.normal, d))
         intensity = np.exp(np.float32(-sp.atmosphere_attenuation_rate) * t)
         intensity *= (1.0 - INCIDENCE_WEIGHT) + INCIDENCE_WEIGHT * cos_inc
@@ -100,6 +100,8 @@ class LidarModel:
         if sp.noise_stddev > 0:
             r = np.maximum(r + np.float32(sp.noise_stddev) * rng.standard_normal(len(idx), np.float32)[k], 0.0)
         pts = np.empty((len(k), 4), np.float32)
-        pts[:, :3] = self.directions[idx[k]] * r[:, None]
+        rows = idx[k]
+        for c in range(3):   # direction * range, column by column (no per-row broadcast loop)
+            np.multiply(self.directions[:, c].take(rows), r, out=pts[:, c])
         pts[:, 3] = intensity[k]
         return LidarScan(pts, self.ring[idx[k]], obj[idx[k]], scene.classes(Hits(t[k], sub.surface[k], sub.normal[k])))

@@ -37,7 +37,9 @@ def prism(polygon_xy, z0: float, z1: float) -> Mesh:
     """Vertical prism over a CONVEX polygon (n, 2) from z0 to z1 (caps fan-triangulated)."""
     p = np.asarray(polygon_xy, float)
     n = len(p)
-    v = np.concatenate([np.c_[p, np.full(n, z0)], np.c_[p, np.full(n, z1)]])
+    v = np.empty((2 * n, 3))
+    v[:n, :2] = v[n:, :2] = p
+    v[:n, 2], v[n:, 2] = z0, z1
     i = np.arange(n)
     j = (i + 1) % n
     sides = np.concatenate([np.stack([i, j, j + n], 1), np.stack([i, j + n, i + n], 1)])
@@ -48,7 +50,7 @@ def prism(polygon_xy, z0: float, z1: float) -> Mesh:
 def cylinder(cx: float, cy: float, radius: float, z0: float, z1: float, segments: int = 8) -> Mesh:
     """Vertical cylinder approximated by a regular ``segments``-gon prism."""
     a = np.arange(segments) * (2 * np.pi / segments)
-    return prism(np.c_[cx + radius * np.cos(a), cy + radius * np.sin(a)], z0, z1)
+    return prism(np.column_stack([cx + radius * np.cos(a), cy + radius * np.sin(a)]), z0, z1)
 
 
 def _icosahedron() -> Mesh:

@@ -220,6 +220,25 @@ def _rect(front, nrm, width, depth):
     return xa, xb, ya, yb
 
 
+class _PointSet:
+    """Points placed so far (lights, trees) in a growing buffer: the spacing test of each of
+    thousands of candidates no longer rebuilds an array from a list."""
+
+    def __init__(self):
+        self._xy = np.zeros((64, 2))
+        self._n = 0
+
+    def add(self, x: float, y: float) -> None:
+        if self._n == len(self._xy):
+            self._xy = np.concatenate([self._xy, np.zeros_like(self._xy)])
+        self._xy[self._n] = (x, y)
+        self._n += 1
+
+    def within(self, x: float, y: float, spacing: float) -> bool:
+        """Is a placed point closer than ``spacing`` to (x, y)?"""
+        return bool(self._n) and np.min(np.hypot(*(self._xy[:self._n] - [x, y]).T)) < spacing
+
+
 def _props(rng, net: RoadNetwork, ground: GroundTexture, dist: np.ndarray, p: TownParams):
     occupied = np.zeros(dist.shape, bool)   # cells taken by props (roads are excluded by distance)
     pl = _Placer(ground, dist, occupied)
@@ -248,11 +267,11 @@ def _props(rng, net: RoadNetwork, ground: GroundTexture, dist: np.ndarray, p: To
             parts.append(StaticPart(M.box([(xa + xb) / 2, (ya + yb) / 2, h / 2], [xb - xa, yb - ya, h]), "wall",
                                     tuple(FACADES[int(rng.integers(len(FACADES)))] * 0.8), 0.95))
             pl.take(xa, xb, ya, yb, gap=0.5)
-    lights = []
+    lights = _PointSet()
     for x, y, nx_, ny_ in pl.candidates(rng, 0.5, 0.8, 3000):                 # street lights
-        if lights and np.min(np.hypot(*(np.array(lights) - [x, y]).T)) < p.light_spacing:
+        if lights.within(x, y, p.light_spacing):
             continue
-        lights.append((x, y))
+        lights.add(x, y)
         h = rng.uniform(7.0, 8.5)
         arm = np.array([x, y]) - np.array([nx_, ny_]) * 1.0
         parts.append(StaticPart(M.cylinder(x, y, 0.1, 0.0, h), "pole", (0.35, 0.36, 0.38), 0.97))
@@ -272,16 +291,16 @@ def _props(rng, net: RoadNetwork, ground: GroundTexture, dist: np.ndarray, p: To
                 parts.append(StaticPart(M.box([pos[0], pos[1], 2.45], [0.05 + 0.6 * abs(r[0]), 0.05 + 0.6 * abs(r[1]), 0.6]),
                                         "pole", (0.75, 0.1, 0.1), 1.0))
                 pl.take(pos[0] - 0.4, pos[0] + 0.4, pos[1] - 0.4, pos[1] + 0.4)
-    trees = []
+    trees = _PointSet()
     street = pl.candidates(rng, 1.8, 2.2, 3000)
     park = pl.candidates(rng, sw + 4.0, 1e9, 600)[: p.park_trees]
     for k, (x, y, _, _) in enumerate(np.concatenate([street, park])):           # trees
         spacing = p.tree_spacing if k < len(street) else 6.0
-        if trees and np.min(np.hypot(*(np.array(trees) - [x, y]).T)) < spacing:
+        if trees.within(x, y, spacing):
             continue
         if not pl.free(x - 0.6, x + 0.6, y - 0.6, y + 0.6, 0.4):
             continue
-        trees.append((x, y))
+        trees.add(x, y)
         trunk = rng.uniform(2.6, 4.0)   # crowns start above bus roofs near the curb
         rr, rz = rng.uniform(1.5, 2.6), rng.uniform(1.6, 2.8)
         parts.append(StaticPart(M.cylinder(x, y, rng.uniform(0.14, 0.25), 0.0, trunk + rz * 0.5, 6), "vegetation",

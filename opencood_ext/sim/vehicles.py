@@ -59,7 +59,7 @@ def sample_size(rng: np.random.Generator, cls: VehicleClass) -> np.ndarray:
 
 def _wheel(x: float, y: float, r: float, width: float) -> Mesh:
     v, t = cylinder(0.0, 0.0, r, -width / 2, width / 2, segments=8)
-    return np.c_[v[:, 0] + x, v[:, 2] + y, v[:, 1] + r], t  # axis along y
+    return np.column_stack([v[:, 0] + x, v[:, 2] + y, v[:, 1] + r]), t  # axis along y
 
 
 def _wheels(hl: float, hw: float, axles_x, r: float) -> Mesh:
