@@ -37,7 +37,10 @@ def test_trunk_parameter_counts_are_the_known_ones():
     # ResNet-101: 44,549,160; less its fc (2048 x 1000 + 1000)
     assert _params(ResNetTrunk(R101_BLOCKS, num_stages=4)) == 44_549_160 - 2_049_000
     # the part CamEncode_Resnet101 keeps: conv1 + bn1 (9,536), layer1 (215,808), layer2 (1,219,584)
-    assert _params(build_trunk("resnet101")) == 9_536 + 215_808 + 1_219_584
+    resnet = build_trunk("resnet101")
+    assert _params(resnet) == 9_536 + 215_808 + 1_219_584
+    # initialised as torchvision's resnet101(zero_init_residual=True): each block's last BN weight 0
+    assert all(not b.bn3.weight.detach().any() for stage in resnet.stages for b in stage)
     with pytest.raises(ValueError, match="unknown image trunk 'resnet50'"):
         build_trunk("resnet50")
 
@@ -185,7 +188,10 @@ def test_gencomm_camera_stage1_yamls_convert_and_build(tmp_path, m, trunk, image
         "context_channels": 128}
     spec = cfg.data.agent_types[m]
     assert (spec.sensor, spec.image_size, spec.use_depth) == ("camera", image, True)
-    assert "label_type" in dict(conv.approximations)
+    approx = dict(conv.approximations)
+    assert "label_type" in approx
+    # the reference trains m2 from ImageNet weights, m4 from torchvision's initialisation (ours too)
+    assert ("model.args.m2.encoder_args.camera_encoder" in approx) == (m == "m2")
     model = build_model(cfg)
     enc = model.encoders[m].encoder
     assert type(enc) is ReferenceLSSEncoder and enc.bev_shape == (256, 256) and enc.out_channels == 128

@@ -67,6 +67,10 @@ def _lss(r: HypesReader, m: str) -> dict:
     trunk = r.get(f"{args}.camera_encoder", "EfficientNet")
     if trunk not in CAMERA_TRUNKS:
         r.refuse(f"{args}.camera_encoder", f"image trunk {trunk!r} not supported; one of {sorted(CAMERA_TRUNKS)}")
+    elif trunk == "EfficientNet":
+        r.approximations.append((f"{args}.camera_encoder", "training starts from a randomly initialised "
+                                 "EfficientNet-B0; the reference's from ImageNet weights (from_pretrained), which "
+                                 "are not downloaded here (an imported checkpoint is unaffected)"))
     mode = r.get(f"{grid}.mode", "UD")
     if mode not in ("LID", "UD"):
         r.refuse(f"{grid}.mode", f"depth bins {mode!r} not supported; LID or UD")

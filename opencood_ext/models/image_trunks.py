@@ -6,11 +6,14 @@
   Its "same" paddings are fixed ones, computed for a 224 x 224 image as the ``efficientnet_pytorch``
   package does when it builds B0 (so an input of another size is padded as that model pads it);
   BatchNorm eps 1e-3; Swish activations; squeeze-excitation to ``max(1, in_width / 4)`` channels;
-  stochastic depth (drop-connect, rate ``0.2 * block_index / 16``) in training only.
+  stochastic depth (drop-connect, rate ``0.2 * block_index / 16``) in training only. PyTorch's default
+  initialisation: the reference starts from ImageNet weights (``from_pretrained``), which are not
+  downloaded here.
 * ``resnet101``: the ResNet-101 stem (7x7 stride-2 conv, BN, ReLU, 3x3 stride-2 max-pool) and its
   first ``num_stages`` bottleneck stages (3, 4, 23, 3 blocks; widths 256, 512, 1024, 2048; stride on
   the 3x3 conv, projection shortcut on each stage's first block). ``forward`` returns the last stage's
-  map. The reference LSS uses two stages (512 wide, stride 8).
+  map. The reference LSS uses two stages (512 wide, stride 8). Initialised as torchvision's
+  ``resnet101(zero_init_residual=True)``, which the reference trains from.
 
 Both are plain ``nn.Module`` trees; the weight importer maps the reference's parameter names
 (``efficientnet_pytorch``'s ``_conv_stem`` / ``_blocks.<i>._expand_conv`` ..., torchvision's
@@ -172,6 +175,14 @@ class ResNetTrunk(nn.Module):
         self.stages = nn.ModuleList(stages)
         self.out_channels = cin
         self.stride = 2 ** (num_stages + 1)
+        # torchvision's initialisation, as the reference builds it (resnet101(zero_init_residual=True)):
+        # convs He-normal over fan-out, BN weight 1 / bias 0, each block's last BN weight 0
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        for stage in self.stages:
+            for block in stage:
+                nn.init.zeros_(block.bn3.weight)
 
     def forward(self, x: Tensor) -> Tensor:
         x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, stride=2, padding=1)
