@@ -15,6 +15,7 @@ from opencood_ext.interop.hypes_reader import HypesError
 from opencood_ext.models import voxel_sizes
 
 HEAL_M1 = Path(__file__).parent / "assets" / "hypes" / "heal_stage1_m1_pyramid.yaml"
+HEAL_FINAL = Path(__file__).parent / "assets" / "hypes" / "heal_final_infer_m1m2m3m4.yaml"
 # a smaller detection area (same architecture) keeps the CPU step short: 64 x 32 pillars
 SMALL = ["data.lidar_range=[-12.8,-6.4,-3,12.8,6.4,1]"]
 
@@ -72,3 +73,18 @@ def test_a_relative_downsample_other_than_the_levels_is_refused(tmp_path):
     bad.write_text(text)
     with pytest.raises(HypesError, match=r"bad.yaml: key 'loss.args.pyramid.relative_downsample'"):
         convert_hypes_file(bad)
+
+
+def test_heal_final_inference_yaml_of_four_types_converts_and_builds():
+    """HEAL's final inference file: the m1 base's pyramid with m2 (LSS EfficientNet), m3 (SECOND) and m4
+    (LSS ResNet-101), each new type with its ConvNeXt aligner."""
+    conv = convert_hypes_file(HEAL_FINAL)
+    model = conv.config["model"]
+    assert model["fusion"] == "pyramid" and sorted(model["agent_types"]) == ["m1", "m2", "m3", "m4"]
+    assert "aligner" not in model["agent_types"]["m1"]
+    for t in ("m2", "m3", "m4"):
+        assert model["agent_types"][t]["aligner"] == {"type": "convnext", "num_blocks": 3, "kernel_size": 7}
+    built = build_model(conv.experiment())
+    assert built.channels == 64 and {s.out_channels for s in built.encoders.values()} == {64}
+    assert sum(p.numel() for p in built.encoders["m3"].aligner.parameters()) == 3 * (49 * 64 + 64 + 2 * 64 + 2 * 64 * 256
+                                                                                        + 256 + 64 + 64)

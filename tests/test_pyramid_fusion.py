@@ -227,6 +227,39 @@ def test_heal_m1_base_widths_import_whole():
     assert sum(ref[k].numel() for k in pyramid) == sum(p.numel() for p in model.fuse.parameters()) == 5_232_707
 
 
+def test_convnext_aligner_imports_and_runs_as_heal():
+    """HEAL's AlignNet(convnext) after a type's backbone: hand-built aligner_<m>.channel_align.model.<k>.*
+    keys import, and the stack's aligner equals a restatement of HEAL's ConvNeXt blocks."""
+    types = {"m1": dict(TYPES["m1"], aligner={"type": "convnext", "num_blocks": 2})}
+    model = CooperativeDetector(types, RANGE, fusion="pyramid", fusion_op="pyramid", fusion_args=FUSION,
+                                link={"type": "full_feature"}).eval()
+    g = torch.Generator().manual_seed(6)
+    ref = {}
+    for k in range(2):
+        p = f"aligner_m1.channel_align.model.{k}."
+        ref[p + "dwconv.weight"], ref[p + "dwconv.bias"] = _conv(g, (C, 1, 7, 7)), torch.randn(C, generator=g) * 0.1
+        ref[p + "norm.weight"], ref[p + "norm.bias"] = torch.rand(C, generator=g) + 0.5, torch.randn(C, generator=g) * 0.1
+        ref[p + "pwconv1.weight"], ref[p + "pwconv1.bias"] = _conv(g, (4 * C, C)), torch.randn(4 * C, generator=g) * 0.1
+        ref[p + "pwconv2.weight"], ref[p + "pwconv2.bias"] = _conv(g, (C, 4 * C)), torch.randn(C, generator=g) * 0.1
+        ref[p + "gamma"] = torch.rand(C, generator=g) + 0.2
+    mapping = import_reference_state(ref, model, partial=True)
+    assert "encoders.m1.aligner" in mapping.matched and not mapping.unused
+    model.load_state_dict(mapping.state, strict=False)
+    x = torch.randn(2, C, 16, 32, generator=g)
+    want = x
+    for k in range(2):
+        p = f"aligner_m1.channel_align.model.{k}."
+        y = F.conv2d(want, ref[p + "dwconv.weight"], ref[p + "dwconv.bias"], padding=3, groups=C).permute(0, 2, 3, 1)
+        u, v = y.mean(-1, keepdim=True), y.var(-1, unbiased=False, keepdim=True)
+        y = (y - u) / torch.sqrt(v + 1e-6) * ref[p + "norm.weight"] + ref[p + "norm.bias"]
+        y = F.linear(F.gelu(F.linear(y, ref[p + "pwconv1.weight"], ref[p + "pwconv1.bias"])),
+                     ref[p + "pwconv2.weight"], ref[p + "pwconv2.bias"])
+        want = want + (ref[p + "gamma"] * y).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        got = model.encoders["m1"].aligner(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * float(want.abs().max()))
+
+
 def heal_occ_loss(occ_list, pos_equal_one, neg_equal_one, relative_downsample, weights, pos_cls_weight, alpha, gamma):
     """PointPillarPyramidLoss.calc_occ_loss, restated (its sigmoid_focal_loss written out)."""
     n = pos_equal_one.shape[0]

@@ -185,7 +185,7 @@ def model_section(r: HypesReader, types: List[str]) -> dict:
         loss["smooth_l1_beta"] = 1.0 / float(r.get("loss.args.reg.sigma")) ** 2
     model["loss"] = loss
     if core in PYRAMID_MODELS:
-        model.update(pyramid_fusion(r, types))
+        model.update(pyramid_fusion(r))
     if r.has("loss.args.depth.weight"):
         model["depth_weight"] = r.get("loss.args.depth.weight")
     return model

@@ -1,8 +1,9 @@
 """HEAL's ``heter_pyramid_collab`` hypes -> ``model.fusion: pyramid`` (the model-family part of the importer).
 
 Per type HEAL runs encoder -> ResNetBEVBackbone (``backbone_args``; without ``upsample_strides`` its
-levels are used as they are) -> identity aligner; ours: the same encoder, ``backbone: {type: resnet_bev,
-norm_eps: 1e-5}`` (HEAL's residual blocks keep torch's default BatchNorm eps) and ``shrink: {type: none}``.
+levels are used as they are) -> aligner (identity, or ConvNeXt blocks for its stage-2 types); ours: the
+same encoder, ``backbone: {type: resnet_bev, norm_eps: 1e-5}`` (HEAL's residual blocks keep torch's
+default BatchNorm eps), ``shrink: {type: none}`` and ``aligner: {type: convnext}`` where HEAL has one.
 The ``fusion_backbone`` (PyramidFusion), the ``shrink_header`` after it (``shrink_conv``) and the
 pyramid loss (``loss.args.pyramid``; on when ``supervise_single`` is true, as HEAL's train.py adds the
 foreground loss only then) become ``model.fusion_args`` of ``fusion_op: pyramid``
@@ -11,8 +12,6 @@ foreground loss only then) become ``model.fusion_args`` of ``fusion_op: pyramid`
 from __future__ import annotations
 
 import math
-from typing import List
-
 from .hypes_reader import HypesReader, same_value
 
 PYRAMID_MODELS = ("heter_pyramid_collab",)
@@ -28,10 +27,15 @@ def pyramid_stack(r: HypesReader, m: str) -> dict:
                 "num_upsample_filters": r.get(f"{bb}.num_upsample_filter", []), "norm_eps": 1e-5}
     r.approximations.append((bb, "HEAL's residual blocks update their BatchNorm statistics with momentum 0.1, "
                                  "ours 0.01 (the same computation in evaluation)"))
-    return {"backbone": backbone, "shrink": {"type": "none"}}
+    stack = {"backbone": backbone, "shrink": {"type": "none"}}
+    al = f"model.args.{m}.aligner_args"
+    if r.get(f"{al}.core_method", "identity") == "convnext":
+        stack["aligner"] = {"type": "convnext", "num_blocks": r.get(f"{al}.args.num_of_blocks"),
+                            "kernel_size": r.get(f"{al}.args.kernel_size", 7)}
+    return stack
 
 
-def pyramid_fusion(r: HypesReader, types: List[str]) -> dict:
+def pyramid_fusion(r: HypesReader) -> dict:
     """``fusion``, ``fusion_op``, ``fusion_args`` and ``link`` of a heter_pyramid_collab file."""
     strides = r.get(f"{_FB}.layer_strides")
     args = {"layer_nums": r.get(f"{_FB}.layer_nums"), "layer_strides": strides,
@@ -43,7 +47,8 @@ def pyramid_fusion(r: HypesReader, types: List[str]) -> dict:
                           "padding": r.get(f"{sh}.padding"), "dims": r.get(f"{sh}.dim")}
     levels = len(args["layer_nums"] or [])
     if r.get("model.args.supervise_single", False):
-        args["occupancy_weights"] = r.get("loss.args.pyramid.weight")
+        if r.has("loss.args.pyramid.weight"):  # else PyramidFusion's default, HEAL's 0.4 halved per level
+            args["occupancy_weights"] = r.get("loss.args.pyramid.weight")
         args["occupancy_pos_weight"] = r.get("loss.args.pos_cls_weight", 1.0)
         down = r.get("loss.args.pyramid.relative_downsample", None)
         cum = [math.prod(strides[:i + 1]) for i in range(len(strides or []))]
@@ -63,7 +68,15 @@ def check_pyramid(r: HypesReader, model) -> None:
         if r.get("model.args.supervise_single", False):
             r.refuse("model.args.supervise_single", "true: the per-agent heads it adds exist only in "
                      "heter_pyramid_collab here (its foreground maps)")
+        for m in model.encoders:
+            if r.get(f"model.args.{m}.aligner_args.core_method", "identity") != "identity":
+                r.refuse(f"model.args.{m}.aligner_args.core_method", "an aligner is converted for "
+                         "heter_pyramid_collab only")
         return
+    for m, stack in model.encoders.items():
+        key = f"model.args.{m}.aligner_args.args.dim"
+        if r.has(key) and not same_value(r.get(key), stack.out_channels):
+            r.refuse(key, f"is {r.get(key)} but the converted {m} stack gives {stack.out_channels}")
     for key, have in ((f"{_FB}.inplanes", model.channels),
                       ("model.args.shrink_header.input_dim", fuse.backbone.out_channels)):
         if r.has(key) and not same_value(r.get(key), have):

@@ -20,6 +20,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..models.aligner import ConvNeXtAligner
 from ..models.backbone import BaseBEVBackbone, DownsampleConv, ResNetBEVBackbone
 from ..models.head import BOX_DIM, AnchorHead
 from ..models.lss_reference import ReferenceLSSEncoder
@@ -155,6 +156,10 @@ LAYOUTS: Dict[type, Layout] = {
               ("pyramid_backbone.single_head_{i}.{p}", "occupancy.{i}.{p}"),
               ("shrink_conv.layers.{i}.double_conv.{a:0|2}.{p}", "shrink.layers.{i}.{a}.{p}")),
         transforms=(("backbone.ups.{i}.0.weight", unit_deconv),)),
+    # sub_modules/feature_alignnet.py AlignNet(convnext): channel_align = ConvNeXt, its blocks in .model
+    ConvNeXtAligner: Layout(
+        keys=(("channel_align.model.{k}.{m:dwconv|norm|pwconv1|pwconv2}.{p}", "blocks.{k}.{m}.{p}"),
+              ("channel_align.model.{k}.gamma", "blocks.{k}.gamma"))),
     # heter_model_baseline*.py: cls_head, reg_head, dir_head (1x1 convs on the fused feature)
     AnchorHead: Layout(
         keys=(("cls_head.{p}", "cls.{p}"), ("reg_head.{p}", "reg.{p}"), ("dir_head.{p}", "dir.{p}")),
@@ -168,6 +173,7 @@ SLOTS: Tuple[Tuple[str, str], ...] = (
     ("encoders.{t}.encoder", "encoder_{t}"),
     ("encoders.{t}.backbone", "backbone_{t}"),
     ("encoders.{t}.shrink", "shrinker_{t}"),
+    ("encoders.{t}.aligner", "aligner_{t}"),
     ("link.dme.{t}", "message_extractor_{t}"),
     ("link.safg.{t}", "gencomm"),
     ("link.enhancer.{t}", "enhancer"),
@@ -203,7 +209,8 @@ REFERENCE_MODULES: Tuple[Tuple[str, str], ...] = (
     (r"encoder_m\d+\.camencode\.", "LSS image encoder (EfficientNet / ResNet trunk: encoder type lss_reference)"),
     (r"shrink_conv\.", "shared DownsampleConv after fusion"),
     (r"pyramid_backbone\.", "PyramidFusion (model.fusion: pyramid, fusion_op: pyramid)"),
-    (r"(aligner_m\d+|compressor|fusion_net)\.", "a module this framework does not have"),
+    (r"aligner_m\d+\.", "HEAL's AlignNet (aligner type convnext)"),
+    (r"(compressor|fusion_net)\.", "a module this framework does not have"),
     (r"(cls|reg|dir)_head_single\.", "per-agent auxiliary heads (supervise_single)"),
 )
 

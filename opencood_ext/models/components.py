@@ -12,6 +12,7 @@ import inspect
 from typing import Any, Dict, Mapping, Optional
 
 from ..registry import Registry
+from .aligner import ConvNeXtAligner
 from .backbone import BaseBEVBackbone, DownsampleConv, ResNetBEVBackbone, ShrinkConv
 from .lss import LSSEncoder
 from .lss_reference import ReferenceLSSEncoder
@@ -85,4 +86,7 @@ SHRINKS = Registry("shrink", "shrink headers after the BEV backbone (model.agent
     "conv_bn": ShrinkConv,
     "downsample_conv": DownsampleConv,
     "none": NoShrink,
+})
+ALIGNERS = Registry("aligner", "per-type feature aligners after the shrink header (model.agent_types.<t>.aligner.type)", {
+    "convnext": ConvNeXtAligner,
 })

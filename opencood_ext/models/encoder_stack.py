@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.inputs import CameraInput, LidarInput
-from .components import BACKBONES, ENCODERS, SHRINKS, build
+from .components import ALIGNERS, BACKBONES, ENCODERS, SHRINKS, build
 from .inputs import EncoderOutput
 
 
@@ -49,6 +49,8 @@ class EncoderStack(nn.Module):
     shrink: another shrink header, ``{"type": "conv_bn" | "downsample_conv", **args}`` (no
         ``in_channels``; its width is its own argument, so ``shrink_channels`` stays unset). A
         shrink with a stride (``downsample_conv``) coarsens the feature grid by it.
+    aligner: an optional feature aligner after the shrink, ``{"type": "convnext", **args}`` (HEAL's
+        AlignNet; no ``channels``: it keeps the stack's width and grid).
     where: config location used in error messages.
     protocol: the model's (derived); passed on to an encoder whose constructor takes it.
 
@@ -58,7 +60,8 @@ class EncoderStack(nn.Module):
 
     def __init__(self, encoder: Mapping[str, Any], backbone: Mapping[str, Any],
                  lidar_range: Sequence[float], shrink_channels: Optional[int] = None,
-                 shrink: Optional[Mapping[str, Any]] = None, where: str = "encoder_stack",
+                 shrink: Optional[Mapping[str, Any]] = None, aligner: Optional[Mapping[str, Any]] = None,
+                 where: str = "encoder_stack",
                  protocol: str = "native"):
         super().__init__()
         # the model's protocol (derived) reaches the encoders that compute differently under it
@@ -77,6 +80,8 @@ class EncoderStack(nn.Module):
             self.shrink = build(shrink, SHRINKS, f"{where}.shrink", default_type="conv_bn",
                                 in_channels=self.backbone.out_channels)
         self.out_channels = self.shrink.out_channels
+        self.aligner = None if aligner is None else build(aligner, ALIGNERS, f"{where}.aligner",
+                                                          channels=self.out_channels)
         try:
             shape = self.shrink.out_shape(self.backbone.out_shape(self.encoder.bev_shape))
         except ValueError as e:
@@ -111,6 +116,8 @@ class EncoderStack(nn.Module):
                             f"got {type(data).__name__}")
         out = self.encoder(data)
         bev = self.shrink(self.backbone(out.bev))
+        if self.aligner is not None:
+            bev = self.aligner(bev)
         return EncoderOutput(bev=bev if self.crop is None else center_crop(bev, self.crop),
                              depth_logits=out.depth_logits)
 
