@@ -44,9 +44,12 @@ class _PillarMax(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         z, lengths, pillar, top = ctx.saved_tensors
         at_max = z == top.index_select(0, pillar)  # (N, C) the points tied at their pillar's max
-        ties = torch.segment_reduce(at_max.to(z.dtype), "sum", lengths=lengths, unsafe=True)  # (V, C)
-        share = torch.where(top > 0, grad / ties.clamp(min=1), torch.zeros_like(grad))  # ReLU's gradient
-        return torch.where(at_max, share.index_select(0, pillar), 0.0), None, None
+        if int(at_max.sum()) == int((lengths > 0).sum()) * z.shape[1]:
+            ties = torch.ones_like(top)  # one point at each max (the usual case): nothing to count
+        else:
+            ties = torch.segment_reduce(at_max.to(z.dtype), "sum", lengths=lengths, unsafe=True).clamp(min=1)
+        share = torch.where(top > 0, grad / ties, torch.zeros_like(grad))  # (V, C); ReLU's gradient
+        return share.index_select(0, pillar).mul_(at_max), None, None
 
 
 class PillarFeatureNet(nn.Module):
