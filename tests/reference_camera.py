@@ -85,7 +85,8 @@ def resnet101_camencode(prefix, D, C):
                            f"{b}.conv2.weight": (width, width, 3, 3), **_bn(f"{b}.bn2", width),
                            f"{b}.conv3.weight": (4 * width, width, 1, 1), **_bn(f"{b}.bn3", 4 * width)})
             if j == 0:
-                shapes.update({f"{b}.downsample.0.weight": (4 * width, cin, 1, 1), **_bn(f"{b}.downsample.1", 4 * width)})
+                shapes.update({f"{b}.downsample.0.weight": (4 * width, cin, 1, 1),
+                               **_bn(f"{b}.downsample.1", 4 * width)})
             cin = 4 * width
     return {**shapes, **_heads(prefix, D, C)}
 

@@ -19,6 +19,9 @@ from opencood_ext.models.image_trunks import R101_BLOCKS, EfficientNetB0Trunk, R
 from opencood_ext.models.lss_reference import ReferenceLSSEncoder
 from reference_camera import (UE4_FROM_OPENCV, depth_discretization, efficientnet_camencode, random_state,
                               reference_bev, resnet101_camencode)
+from reference_keys import base_bev, diffusion_unet, downsample_conv, enhancer, enhancer_unread, gencomm_schedule
+from reference_keys import heads as keys_heads
+from reference_keys import message_extractor
 
 torch.set_num_threads(1)
 HYPES = Path(__file__).parent / "assets" / "hypes"
@@ -233,3 +236,25 @@ def test_a_camera_grid_other_than_the_detection_range_is_refused_for_gencomm(tmp
     edited.write_text(src.replace("xbound: [-51.2, 51.2, 0.4]", "xbound: [-48, 48, 0.4]"))
     with pytest.raises(HypesError, match=r"heter\.modality_setting\.m2\.grid_conf\.xbound.*message before"):
         convert_hypes_file(edited, remap_to=tmp_path / "modality.json")
+
+
+@pytest.mark.parametrize("m", ["m2", "m4"])
+def test_a_whole_gencomm_camera_stage1_checkpoint_imports(tmp_path, m):
+    """Every key of the reference's heter_model_baseline_w_gencomm_stage1 for m2 / m4 (camera encoder,
+    BaseBEVBackbone, DownsampleConv, MessageExtractorv2, GenComm UNet + schedule, Enhancer, heads) lands
+    in the model the config importer builds; only never-run keys are dropped."""
+    conv = convert_hypes_file(HYPES / f"gencomm_stage1_{m}_att.yaml", remap_to=tmp_path / "modality.json")
+    model = build_model(conv.experiment())
+    camera = (efficientnet_camencode(f"encoder_{m}", 48, 128, 8) if m == "m2"
+              else resnet101_camencode(f"encoder_{m}", 48, 128))
+    levels = [(128, 64, 3, 1, 128), (64, 128, 5, 2, 128), (128, 256, 8, 4, 128)]  # inplanes 128, [3, 5, 8]
+    shapes = {**camera, **base_bev(f"backbone_{m}", levels),
+              **downsample_conv(f"shrinker_{m}", [(384, 128, 3)]), **message_extractor(f"message_extractor_{m}", 128),
+              **diffusion_unet("gencomm.denoiser", 8, (1, 1), 2, 130, 128), **enhancer("enhancer", 128),
+              **keys_heads(128)}
+    schedule = gencomm_schedule("gencomm")
+    mapping = import_reference_state({**random_state(shapes, 5), **schedule}, model)  # refuses any misfit
+    unread = set(enhancer_unread(shapes)) | {k for k in camera if ".trunk._conv_head" in k or ".trunk._bn1." in k
+                                             or ".trunk._fc" in k}
+    assert mapping.unused == [] and set(mapping.dropped) == unread
+    model.load_state_dict(mapping.state)
