@@ -118,3 +118,22 @@ def test_scatter_to_bev_gradient_matches_reference():
     out.backward(g)
     ref.backward(g)
     assert torch.equal(feats.grad, feats_ref.grad)
+
+
+def test_bfloat16_autocast_matches_reference():
+    """Under ``train.amp=bf16`` the linear layer runs in bfloat16: the pillar max handles it alike."""
+    torch.manual_seed(0)
+    data = _synthetic_input()
+    enc = PointPillarEncoder(RANGE, VOXEL, num_filters=(16,))
+    ref = copy.deepcopy(enc)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = enc(data).bev
+        expected = reference_scatter(reference_pfn(ref.pfn, data.voxels, data.num_points, data.coords),
+                                     data.coords, data.num_agents, ref.bev_shape)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected)
+    out.float().square().sum().backward()
+    expected.float().square().sum().backward()
+    for (name, p), (_, q) in zip(enc.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-3 * float(q.grad.abs().max()),
+                                   msg=lambda m, n=name: f"{n}: {m}")
