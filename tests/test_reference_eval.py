@@ -239,3 +239,22 @@ def test_empty_and_all_below_threshold():
     assert len(d) == 0 and d.boxes.shape == (0, 7)
     with pytest.raises(ValueError, match="protocol"):
         decode_detections(head, anchors, protocol="heal")
+
+
+def test_the_model_decodes_by_its_protocol():
+    """CooperativeDetector(protocol=...).decode, the path every evaluation takes, uses that
+    protocol's post-processing."""
+    from opencood_ext.models.detector import CooperativeDetector
+    from tiny_runs import PP
+    r = (-16.0, -8.0, -3.0, 16.0, 8.0, 1.0)
+    ref = CooperativeDetector({"m1": PP}, r, fusion="none", protocol="reference")
+    native = CooperativeDetector({"m1": PP}, r, fusion="none")
+    h, w = ref.grid.shape
+    g = torch.Generator().manual_seed(0)
+    reg = torch.randn(1, 14, h, w, generator=g) * 0.1
+    reg[:, 3] += 0.6  # anchor slot 0 about 7 m long: the reference drops it, native keeps it
+    head = HeadOutput(cls=torch.randn(1, 2, h, w, generator=g) + 1.0, reg=reg, dir=torch.randn(1, 4, h, w, generator=g))
+    got = ref.decode(head)[0]
+    want = decode_detections(head, ref.anchors, THRESHOLD, NMS, gt_range=r, coder=ref.coder, protocol="reference")[0]
+    assert len(got) == len(want) > 0 and torch.equal(got.boxes, want.boxes) and torch.equal(got.scores, want.scores)
+    assert float(got.boxes[:, 3].max()) <= 6.0 < float(native.decode(head)[0].boxes[:, 3].max())

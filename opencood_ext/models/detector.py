@@ -280,7 +280,8 @@ class CooperativeDetector(nn.Module):
         """Head maps -> detections (post-processing settings of this model); ``gt_range`` "ego"
         keeps boxes inside the ego's detection area, None keeps all."""
         r = self.lidar_range if gt_range == "ego" else gt_range
-        return decode_detections(head, self.anchors, coder=self.coder, gt_range=r, **self.post)
+        return decode_detections(head, self.anchors, coder=self.coder, gt_range=r, protocol=self.protocol,
+                                 **self.post)
 
     def in_range(self, boxes: Tensor) -> Tensor:
         """(P,) bool: boxes (P, 7) kept in the ego's detection area: the field's rule, all 8 corners
