@@ -79,8 +79,10 @@ def _compare(got: dict, want: dict) -> None:
     assert not changed, f"{len(changed)} of {len(want)} files changed, e.g. {changed[:5]}"
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_output_is_byte_identical_to_the_recorded_simulator(tmp_path, expected, workers):
+    """Two workers (the default: the process pool) in the quick suite; one (in-process, the same
+    sensor code) with the slow tests."""
     args = json.loads(RECORD.read_text())["args"]
     assert simulate_main(["-o", str(tmp_path / "out"), *args, "--workers", str(workers)]) == 0
     _compare(digests(tmp_path / "out"), expected)
