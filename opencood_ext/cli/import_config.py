@@ -3,9 +3,12 @@
     gencomm-import-config opencood/hypes_yaml/opv2v/.../m1_att.yaml -o configs/mine/m1_att.yaml
     gencomm-import-config IN.yaml                      # print the converted config only
 
-Unsupported keys are refused, all listed with the file and key path. What is
-carried over approximately, and what is not carried over, is written as
-comments at the top of OUT.yaml. A heter.mapping_dict that remaps types
+Keys that change the reference's computation in a way this project cannot
+reproduce are refused, all listed with the file and key path (exit status 2).
+Keys this project does not read are accepted: one WARNING line each on stderr
+(file, key path, why). What is carried over approximately, and what is not
+read, is written as comments at the top of OUT.yaml. The converted config runs
+with protocol: reference. A heter.mapping_dict that remaps types
 (e.g. m2 -> m1) needs the assignment file: run where its path resolves (or
 above the hypes file); the remapped copy is written beside OUT as
 OUT.modality.json. docs/interop.md lists every key. ``python tools/import_config.py`` in a
@@ -39,6 +42,8 @@ def main(argv=None) -> int:
         conv = convert_hypes_file(args.hypes, remap_to=remap)
     except (*USER_ERRORS, ValueError) as exc:
         return report(exc)
+    for line in conv.warnings():
+        print(line, file=sys.stderr)
     text = f"{conv.report()}\n{conv.yaml()}"
     if args.output is None:
         print(text)

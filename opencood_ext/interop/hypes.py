@@ -2,11 +2,14 @@
 
     conv = convert_hypes_file("m1_att.yaml")          # raises HypesError listing unsupported keys
     print(conv.yaml()); print(conv.report())
+    for line in conv.warnings(): print(line)           # keys not read by this project, one line each
     cfg = conv.experiment()                            # ExperimentConfig, validated
 
 Which key goes where is :data:`opencood_ext.interop.hypes_keys.KEYS`; this
 module reads those keys and builds the ``data`` / ``model`` / ``train`` /
-``eval`` / ``stage`` sections (model sections in :mod:`.hypes_model`).
+``eval`` / ``stage`` sections (model sections in :mod:`.hypes_model`). Every
+converted config runs with ``protocol: reference`` (the reference's computation,
+opencood_ext/experiment.py PROTOCOLS).
 """
 from __future__ import annotations
 
@@ -19,9 +22,11 @@ import yaml
 
 from ..config import ConfigError, apply_overrides, config_from_dict
 from ..experiment import ExperimentConfig
-from .hypes_keys import DATASETS, OPTIMIZERS, SCHEDULERS
+from .hypes_detect import V2XREAL_CLASS_GROUPS
+from .hypes_keys import DATASETS, MODELS, OPTIMIZERS, SCHEDULERS
 from .hypes_model import check_model, model_section, modality_names
-from .hypes_reader import HypesError, HypesReader, read_yaml
+from .hypes_reader import HypesError, HypesReader, read_yaml, warning_line
+from .hypes_stamp import stamp_stage
 
 
 @dataclass
@@ -30,7 +35,7 @@ class Conversion:
 
     config: our experiment config as a plain dict (``yaml()`` prints it).
     approximations / dropped: (key path, reason) of what is carried over
-    approximately and what is not carried over.
+    approximately and what is not read by this project (:meth:`warnings`).
     files: extra files the config refers to (a remapped modality assignment),
     path -> text; :meth:`write_files` writes them.
     """
@@ -47,7 +52,7 @@ class Conversion:
     def report(self) -> str:
         lines = [f"# converted from {self.source}"]
         for title, items in (("carried over approximately", self.approximations),
-                             ("not carried over", self.dropped)):
+                             ("not read by this project", self.dropped)):
             if items:
                 lines.append(f"# {title}:")
                 first: Dict[str, str] = {}
@@ -55,6 +60,13 @@ class Conversion:
                     first.setdefault(path, why)
                 lines += [f"#   {path}: {why}" for path, why in first.items()]
         return "\n".join(lines)
+
+    def warnings(self) -> List[str]:
+        """``WARNING: FILE: key 'PATH': not read by this project: WHY``, one line per key not read."""
+        first: Dict[str, str] = {}
+        for path, why in self.dropped:
+            first.setdefault(path, why)
+        return [warning_line(self.source, path, why) for path, why in first.items()]
 
     def experiment(self, overrides: Sequence[str] = ()) -> ExperimentConfig:
         """Validate through our schema (``--set`` overrides in our key space apply first)."""
@@ -100,11 +112,15 @@ def _modality(r: HypesReader, types: List[str], fmt: str, source: Path, remap_to
     keys = r.children("heter.mapping_dict")
     mapping = {k: r.get(f"heter.mapping_dict.{k}") for k in keys}
     bad = {k: v for k, v in mapping.items() if v not in types}
-    if bad:
-        r.refuse("heter.mapping_dict", f"maps to types the model does not have: {bad} (model types {types})")
+    if bad and len(bad) == len(mapping):
+        r.refuse("heter.mapping_dict", f"maps every type to types the model does not have: {bad} (model types "
+                                       f"{types})")
         return None
+    if bad:  # the reference's dataset leaves such agents out (Adaptor.unmatched_modality); so does ours
+        r.approximations.append(("heter.mapping_dict", f"agents mapped to {sorted(set(bad.values()))} (no model "
+                                 f"type) are left out, as the reference's dataset leaves them out"))
     targets = list(dict.fromkeys(mapping.values()))
-    if len(targets) == 1:
+    if len(targets) == 1 and not bad:
         return f"all:{targets[0]}"
     assignment = r.get("heter.assignment_path", None)
     if fmt == "dairv2x" and assignment is None:  # HEAL: the vehicle is m1, the roadside unit m2, then mapped
@@ -152,6 +168,9 @@ def _data_section(r: HypesReader, types: List[str], source: Path, remap_to: Opti
     for key, ours in (("comm_range", "comm_range"), ("train_params.max_cav", "max_agents")):
         if r.has(key):
             data[ours] = r.get(key)
+    if fmt == "v2xreal":  # the reference keeps the stored intensity and groups the object types in 3 classes
+        data["reader_options"] = {"mode": r.get("dataset_mode"), "intensity": "raw"}
+        data["class_groups"] = V2XREAL_CLASS_GROUPS
     modality = _modality(r, types, fmt, source, remap_to, files)
     if modality is not None:
         data["modality"] = modality
@@ -196,8 +215,22 @@ def _train_section(r: HypesReader) -> dict:
             r.refuse("lr_scheduler.step_size", f"scheduler 'step' needs a positive integer, got {steps!r}")
             return train
         steps = list(range(steps, max(epochs, steps + 1), steps))
-    train.update(lr_scheduler="multistep", milestones=list(steps or []), gamma=r.get("lr_scheduler.gamma", 0.1))
+    if not steps:  # MultiStepLR without milestones: the rate stays constant (ours: no scheduler)
+        return train
+    train.update(lr_scheduler="multistep", milestones=list(steps), gamma=r.get("lr_scheduler.gamma", 0.1))
     return train
+
+
+def _shared_postprocess(data: dict) -> Tuple[dict, Optional[str]]:
+    """STAMP's files give each type its own ``postprocess`` and none at the top: the first type's is
+    used (the others are checked against it, key by key). -> (data, that type or None)."""
+    if "postprocess" in data:
+        return data, None
+    setting = (data.get("heter") or {}).get("modality_setting") if isinstance(data.get("heter"), dict) else None
+    for m, spec in (setting or {}).items():
+        if isinstance(spec, dict) and isinstance(spec.get("postprocess"), dict):
+            return {**data, "postprocess": spec["postprocess"]}, str(m)
+    return data, None
 
 
 def convert_hypes(data: dict, source: Path, remap_to: Optional[Path] = None, check: bool = True,
@@ -209,12 +242,17 @@ def convert_hypes(data: dict, source: Path, remap_to: Optional[Path] = None, che
     check: build the model and check the widths and the feature grid against the file.
     """
     source = Path(source)
+    data, shared_post = _shared_postprocess(data)
     r = HypesReader(data, str(source))
+    if shared_post:
+        r.approximations.append(("postprocess", f"absent; taken from heter.modality_setting.{shared_post}."
+                                 f"postprocess (every type's must agree)"))
     r.dropped += [(k, "given twice; the last value is used, as the reference's loader does")
                   for k in dict.fromkeys(duplicates)]
     types = modality_names(r)
     files: Dict[Path, str] = {}
     config = {"name": str(r.get("name", source.stem)).replace(" ", "_"),
+              "protocol": "reference",
               "data": _data_section(r, types, source, remap_to, files),
               "model": model_section(r, types),
               "train": _train_section(r),
@@ -223,6 +261,9 @@ def convert_hypes(data: dict, source: Path, remap_to: Optional[Path] = None, che
     if r.get("model.core_method", None) == "heter_model_baseline_w_gencomm_stage2":
         ego = str(r.get("heter.ego_modality", ""))
         config["stage"] = {"new_types": [t for t in types if t not in ego.split("&")]}
+    if MODELS.get(r.get("model.core_method", None)) == "stamp":
+        stamp = stamp_stage(r, types)
+        config["stage"], config["data"]["modality"] = stamp["stage"], stamp["modality"]
     r.raise_problems()
     conv = Conversion(str(source), config, r.approximations, r.dropped, files)
     if check:

@@ -11,10 +11,18 @@ lists are leaves. Each known path has one rule:
 * :class:`Dropped` nothing to carry (bookkeeping, derived, or a no-op in the
   reference's intermediate-fusion pipeline); the reason is printed;
 * :class:`Same` repeats another key or states a derivable width: the converter
-  checks that it agrees and refuses the file otherwise.
+  checks that it agrees and refuses the file otherwise;
+* :class:`Refused` changes the reference's computation in a way this project
+  cannot reproduce: the file is refused, naming the key and why.
 
-A key not in :data:`KEYS` is refused. Facts are from the public HEAL and
-GenComm code (``opencood/hypes_yaml``, ``models/heter_model_baseline*.py``,
+A key not in :data:`KEYS` is accepted with a warning (``not read by this
+project``): for the model families converted here (:data:`MODELS`) every key
+their model, dataset and loss read is in the table (read from
+``models/heter_model_baseline*.py``, the heterogeneous datasets and the losses),
+so an unknown key is one the reference does not read either; a key that does
+change the computation is listed, as :class:`Refused` or :class:`Fixed`.
+:data:`Dropped` keys warn the same way, with their reason. Facts are from the
+public HEAL and GenComm code (``opencood/hypes_yaml``, ``models``,
 ``data_utils``, ``loss``); see docs/interop.md.
 """
 from __future__ import annotations
@@ -56,7 +64,14 @@ class Same:
     other: Optional[str] = None
 
 
-Rule = Union[Mapped, Approx, Fixed, Dropped, Same]
+@dataclass(frozen=True)
+class Refused:
+    """The reference computes something with this key that this project cannot: refused (any value)."""
+
+    reason: str
+
+
+Rule = Union[Mapped, Approx, Fixed, Dropped, Same, Refused]
 
 # core_method names of the reference -> our registry names
 ENCODERS: Dict[str, str] = {"point_pillar": "pointpillars", "second": "second", "lift_splat_shoot": "lss_reference"}
@@ -66,15 +81,31 @@ MODELS: Dict[str, str] = {  # reference model -> our intermediate-fusion link
     "heter_pyramid_collab": "full_feature",  # fusion: pyramid (hypes_pyramid.py)
     "heter_model_baseline_w_gencomm_stage1": "gencomm",
     "heter_model_baseline_w_gencomm_stage2": "gencomm",
+    "heter_model_baseline_w_stamp": "stamp",  # STAMP's adapter stage: the GenComm reference's m0<m> files
+}
+# reference models whose structure has no counterpart here: why, in one line
+_STAMP_REPO = ("STAMP's own repository: every type is a whole Pyramid Fusion model (its own fusion backbone, "
+               "fusion and heads) with adapters between those models; this project's STAMP link sits between "
+               "encoder stacks and ONE shared fusion and head (opencood_ext/methods/stamp.py)")
+REFUSED_MODELS: Dict[str, str] = {
+    "heter_model_baseline_w_stamp_infer": (
+        "every type, the ego's included, goes through an adapter to a protocol space (heter.protocol_modality) "
+        "that no agent here encodes; this project's STAMP link takes one agent type's space as the protocol "
+        "(the identity for it): convert the adapter-stage m0<m>_*.yaml files instead"),
+    "collab_w_adapter": _STAMP_REPO,
+    "collab_w_adapter_inference": _STAMP_REPO,
 }
 FUSION_OPS: Dict[str, str] = {"att": "att", "max": "max"}
-DATASETS: Dict[str, str] = {"opv2v": "opv2v", "v2xset": "opv2v", "dairv2x": "dairv2x"}
+# fusion.dataset -> data.format; opv2v4stamp: OPV2V read for STAMP (every agent feeds both stacks)
+DATASETS: Dict[str, str] = {"opv2v": "opv2v", "v2xset": "opv2v", "dairv2x": "dairv2x", "v2xreal": "v2xreal",
+                            "opv2v4stamp": "opv2v"}
 OPTIMIZERS: Dict[str, str] = {"Adam": "adam", "AdamW": "adamw", "SGD": "sgd"}
 SCHEDULERS = ("multistep", "step")
 
 _DERIVED = "derived by OpenCOOD's yaml parser from the range and voxel size; recomputed here"
 _PLACEHOLDER = "a placeholder in the reference (set per modality)"
 _ANCHOR_NOTE = "equal to the detection range"
+_STAMP_HEAD = "a type's own fusion / head width in STAMP's model, which its adapter stage (train_adapter) does not build"
 _GENCOMM_BETAS = ("not read by the reference GenComm (cond_diff.py): its schedule is hard-coded linear in "
                   "sqrt(beta) from 5e-3 to 5e-2, which is our generator's default")
 
@@ -82,7 +113,10 @@ KEYS: Dict[str, Rule] = {
     # ---------------------------------------------------------------- bookkeeping
     "name": Mapped("name"),
     "yaml_parser": Fixed(("load_general_params",), "the reference's yaml post-processor"),
-    "verify_mode": Fixed((False,), "GenComm's debug subset switch"),
+    "verify_mode": Dropped("the reference's train.py then trains on samples 1300-2399 and validates on the "
+                           "first 300 (a debug subset); ours uses the whole splits"),
+    "dataset_mode": Mapped("data.reader_options.mode (V2X-Real: vc, ic, v2v, ...)"),
+    "yaml_parsers.<m>": Fixed(("load_general_params",), "the reference's per-type yaml post-processor (STAMP)"),
     "root_dir": Mapped("data.root, data.train_split"),
     "validate_dir": Mapped("data.val_split"),
     "test_dir": Mapped("data.test_split"),
@@ -97,6 +131,8 @@ KEYS: Dict[str, Rule] = {
     "label_type": Fixed(("lidar", "camera"), "ground truth from the labels ('camera': see the note printed "
                                              "with the conversion)"),
     "cav_lidar_range": Mapped("data.lidar_range"),
+    "box_align.<rest>": Refused("CoAlign's box alignment (agent poses corrected from stage-1 boxes before "
+                                "fusion) is not a step of this project"),
     "add_data_extension": Dropped("extra per-frame files (camera visibility masks) the models here do not read"),
     "data_augment": Dropped("HEAL's intermediate-fusion dataset does not apply it (only late and early "
                             "fusion do); augmentation is switched off to match"),
@@ -142,7 +178,8 @@ KEYS: Dict[str, Rule] = {
         "about 10 black rows on top, 10 cut at the bottom); ours resizes the whole image to final_dim"),
     "heter.modality_setting.<m>.data_aug_conf.rand_flip": Fixed((False,), "image flip"),
     # ---------------------------------------------------------------- fusion / pre- / post-processing
-    "fusion.core_method": Fixed(("intermediateheter",), "heterogeneous intermediate-fusion dataset"),
+    "fusion.core_method": Fixed(("intermediateheter", "intermediateheterv2xreal", "intermediateheteradapter"),
+                                "heterogeneous intermediate-fusion dataset (OPV2V / DAIR-V2X, V2X-Real, STAMP)"),
     "fusion.dataset": Mapped("data.format"),
     "fusion.args.proj_first": Fixed((False,), "each agent encodes in its own frame"),
     "fusion.args.grid_conf": Dropped(_PLACEHOLDER),
@@ -153,6 +190,12 @@ KEYS: Dict[str, Rule] = {
     "preprocess.args.max_voxel_train": Dropped(_PLACEHOLDER),
     "preprocess.args.max_voxel_test": Dropped(_PLACEHOLDER),
     "preprocess.cav_lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
+    "preprocess.num_class": Same("class count", "model.args.num_class"),
+    "preprocess.anchor_generator_config": Same("per-class anchors", "postprocess.anchor_args.anchor_generator_config"),
+    "postprocess.anchor_args.anchor_generator_config": Mapped(
+        "model.anchors (one size, bottom height and class per entry), model.pos_iou / neg_iou per class"),
+    "postprocess.voxel_size": Dropped("the voxel size of a STAMP type's own post-processor; the anchors are laid "
+                                      "on the common feature grid"),
     "postprocess.core_method": Fixed(("VoxelPostprocessor",), "anchor post-processor"),
     "postprocess.gt_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
     "postprocess.anchor_args.cav_lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
@@ -218,13 +261,9 @@ KEYS: Dict[str, Rule] = {
     "model.args.<m>.backbone_args.upsample_strides": Mapped("model.agent_types.<m>.backbone.upsample_strides"),
     "model.args.<m>.backbone_args.num_upsample_filter": Mapped("model.agent_types.<m>.backbone.num_upsample_filters"),
     "model.args.<m>.backbone_args.inplanes": Same("equal to the encoder's output width"),
-    "model.args.<m>.aligner_args.core_method": Fixed(
-        ("identity", "convnext"), "feature aligner: none, or HEAL's ConvNeXt (aligner type convnext, heter_pyramid_collab)"),
-    "model.args.<m>.aligner_args.spatial_align": Fixed((False,), "HEAL's AlignNet raises NotImplementedError for it"),
-    "model.args.<m>.aligner_args.args.num_of_blocks": Mapped("model.agent_types.<m>.aligner.num_blocks"),
-    "model.args.<m>.aligner_args.args.dim": Same("equal to the feature width"),
-    "model.args.<m>.aligner_args.args.kernel_size": Mapped("model.agent_types.<m>.aligner.kernel_size"),
-    "model.args.<m>.aligner_args.args.deform": Fixed((False,), "a ConvNeXt aligner without deformable convs"),
+    "model.args.<m>.aligner_args.core_method": Fixed(("identity",), "no feature aligner"),
+    "model.args.<m>.backbone_args": Fixed(("identity",), "the reference's identity backbone (a string in place of "
+                                                       "the arguments): backbone type identity"),
     "model.args.<m>.shrink_header.dim": Mapped("model.agent_types.<m>.shrink.dims (type downsample_conv)"),
     "model.args.<m>.shrink_header.stride": Mapped("model.agent_types.<m>.shrink.stride"),
     "model.args.<m>.shrink_header.kernal_size": Mapped("model.agent_types.<m>.shrink.kernel_size"),
@@ -238,7 +277,12 @@ KEYS: Dict[str, Rule] = {
     "model.args.dir_args.dir_offset": Same("direction bins", "postprocess.dir_args.dir_offset"),
     "model.args.dir_args.num_bins": Same("direction bins", "postprocess.dir_args.num_bins"),
     "model.args.dir_args.anchor_yaw": Same("direction bins", "postprocess.dir_args.anchor_yaw"),
-    "model.args.num_class": Fixed((1,), "single-class detection"),
+    "model.args.num_class": Same("class count: 1, or V2X-Real's 3 (anchor_generator_config)"),
+    "model.args.compressor.<k>": Refused("NaiveCompressor (a learned channel compression of every feature "
+                                         "before fusion) is not a module of this project"),
+    "model.args.trick": Fixed((False,), "GenComm stage 2's 'trick' (the generated feature masked to the "
+                                        "sender's non-empty cells)"),
+    "model.args.in_head_single": Dropped("width of the per-agent heads, built only with supervise_single"),
     "model.args.missing_message": Fixed((False,), "random message dropping at evaluation"),
     "model.args.supervise_single": Mapped("model.fusion_args.occupancy_weights (heter_pyramid_collab: its "
                                           "foreground loss; any other model: must be false)"),
@@ -262,6 +306,48 @@ KEYS: Dict[str, Rule] = {
     "model.args.gencomm.diffusion.beta_start": Dropped(_GENCOMM_BETAS),
     "model.args.gencomm.diffusion.beta_end": Dropped(_GENCOMM_BETAS),
     "model.args.gencomm.diffusion.num_diffusion_timesteps": Mapped("model.link.generator.num_steps"),
+    # ---------------------------------------------------------------- STAMP (heter_model_baseline_w_stamp)
+    "heter.protocol_modality": Mapped("model.link.protocol"),
+    "fusion.stamp": Dropped("STAMP's dataset switch (a post-processor per type, the assignment read by the base "
+                            "dataset); here the types come from data.modality and one post-processor serves all"),
+    "heter.modality_setting.<m>.preprocess.num_class": Same("class count", "preprocess.num_class"),
+    "heter.modality_setting.<m>.preprocess.anchor_generator_config":
+        Same("per-class anchors", "postprocess.anchor_args.anchor_generator_config"),
+    "heter.modality_setting.<m>.postprocess.voxel_size": Dropped(
+        "the voxel size of a STAMP type's own post-processor; the anchors are laid on the common feature grid"),
+    "heter.modality_setting.<m>.postprocess.<rest>": Same("a type's own post-processing", "postprocess.<rest>"),
+    "model.args.stage": Fixed(("train_adapter",), "STAMP's adapter-training stage"),
+    "model.args.protocol_modality": Same("the protocol type", "heter.protocol_modality"),
+    "model.args.<m>.lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
+    # a type's own fusion and head: built by STAMP's model in every stage but train_adapter
+    "model.args.<m>.in_head": Dropped(_STAMP_HEAD),
+    "model.args.<m>.anchor_number": Dropped(_STAMP_HEAD),
+    "model.args.<m>.dir_args.<k>": Dropped(_STAMP_HEAD),
+    "model.args.<m>.fusion_method": Mapped("model.fusion_op (every type's must agree; the reference's adapter "
+                                           "stage builds no fusion, ours runs the protocol owner's frozen one)"),
+    "model.args.<m>.<k>.feat_dim": Dropped(_STAMP_HEAD),
+    "model.args.<m>.<ar:adapter|reverter>.core_method": Fixed(("adapterconvnext",), "STAMP's ConvNeXt adapter"),
+    "model.args.<m>.<ar:adapter|reverter>.args.<io:in_channels|out_channels>": Same("equal to the feature width"),
+    "model.args.<m>.<ar:adapter|reverter>.args.<io:in_cav_lidar_range|out_cav_lidar_range>":
+        Same(_ANCHOR_NOTE, "cav_lidar_range"),
+    "model.args.<m>.<ar:adapter|reverter>.args.<io:in_feature_shape|out_feature_shape>":
+        Same("the nominal feature grid (H, W); in and out must be equal: no resizing"),
+    "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.num_of_blocks": Mapped("model.link.blocks"),
+    "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.dim": Mapped("model.link.hidden_channels"),
+    "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.kernel_size": Mapped("model.link.kernel_size"),
+    "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.deform": Fixed((False,), "plain depth-wise convs"),
+    "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.early_scale": Fixed((1.0,), "input scale"),
+    "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.late_upsample": Dropped(
+        "where the adapter resizes; with in_feature_shape equal to out_feature_shape it resizes by 1"),
+    "model.args.crop_to_visible": Fixed((False,), "STAMP's alignment on every cell (true: on the visible range)"),
+    "model.args.<m>.visible_range": Dropped("read only with crop_to_visible"),
+    "loss_adapter.core_method": Fixed(("adapter_loss",), "STAMP's alignment loss"),
+    "loss_adapter.args.alpha_M2P": Mapped("model.link.m2p_weight"),
+    "loss_adapter.args.alpha_P2M": Mapped("model.link.p2m_weight"),
+    "loss_adapter.args.alpha_M2P2M": Mapped("model.link.cycle_weight"),
+    "loss.<m>.<rest>": Dropped("a type's own detection loss (its stage-1 training); STAMP's adapter stage trains "
+                               "with loss_adapter, here plus the detection loss through the protocol owner's "
+                               "frozen fusion and head (opencood_ext/methods/stamp.py)"),
     # ---------------------------------------------------------------- HEAL's Pyramid Fusion (heter_pyramid_collab)
     "model.args.fusion_backbone.resnext": Mapped("model.fusion_args.resnext"),
     "model.args.fusion_backbone.layer_nums": Mapped("model.fusion_args.layer_nums"),
@@ -280,7 +366,8 @@ KEYS: Dict[str, Rule] = {
     "loss.args.pyramid.weight": Mapped("model.fusion_args.occupancy_weights"),
     "loss.args.pyramid.relative_downsample": Same("equal to each level's stride, prod(layer_strides[:i + 1])"),
     # ---------------------------------------------------------------- loss, optimiser, schedule
-    "loss.core_method": Fixed(("point_pillar_loss", "point_pillar_depth_loss", "point_pillar_pyramid_loss", "point_pillar_gencomm_loss"),
+    "loss.core_method": Fixed(("point_pillar_loss", "point_pillar_depth_loss", "point_pillar_pyramid_loss", "point_pillar_gencomm_loss",
+                               "point_pillar_v2xreal_loss", "point_pillar_v2xreal_gencomm_loss"),
                               "detection loss"),
     "loss.args.pos_cls_weight": Dropped("our focal loss weighs positive anchors 1 (the reference: "
                                         "pos_cls_weight)"),
@@ -300,6 +387,13 @@ KEYS: Dict[str, Rule] = {
     "loss.args.depth.weight": Mapped("model.depth_weight (the reference's focal loss over depth bins: "
                                      "lss_reference.depth_loss)"),
     "loss.args.generate_weight": Mapped("model.link.generation_weight"),
+    "loss.args.da": Dropped("read only by the MPDA losses (point_pillar_mpda_loss); the detection losses "
+                            "named here ignore it"),
+    # V2X-Real's loss (point_pillar_v2xreal_loss): focal alpha 0.25 / gamma 2 and smooth-L1 beta 1/9 are
+    # hard-coded, positives weigh 1, no direction term
+    "loss.args.cls_weight": Mapped("model.loss.cls_weight"),
+    "loss.args.reg": Mapped("model.loss.box_weight"),
+    "loss.args.num_class": Same("class count", "model.args.num_class"),
     "loss.args.gmatch_weight": Dropped("used only by the reference's train_gmatch.py gradient-matching script"),
     "optimizer.core_method": Mapped("train.optimizer"),
     "optimizer.lr": Mapped("train.lr"),
@@ -311,14 +405,42 @@ KEYS: Dict[str, Rule] = {
     "lr_scheduler.step_size": Mapped("train.milestones"),
 }
 
-_SEGMENT = {"<m>": r"(?P<m>m\d+)", "<k>": r"(?P<k>[^.]+)"}
+# placeholders: <m> a modality name, <k> one key, <rest> the rest of the path, <name:a|b> one of the choices
+_SEGMENT = {"<m>": r"(?P<m>m\d+)", "<k>": r"(?P<k>[^.]+)", "<rest>": r"(?P<rest>.+)"}
+_CHOICE = re.compile(r"<(\w+):([\w|]+)>\Z")
+
+
+def _segment(s: str) -> str:
+    choice = _CHOICE.match(s)
+    if choice:
+        return f"(?P<{choice[1]}>{choice[2]})"
+    return _SEGMENT.get(s, re.escape(s))
 
 
 def _compile(pattern: str) -> "re.Pattern[str]":
-    return re.compile(r"\.".join(_SEGMENT.get(s, re.escape(s)) for s in pattern.split(".")) + r"\Z")
+    return re.compile(r"\.".join(_segment(s) for s in pattern.split(".")) + r"\Z")
 
 
 _COMPILED = [(_compile(p), r) for p, r in KEYS.items()]
+
+
+# Sections handed whole to a reference module's constructor (encoder, backbone, shrink header, the
+# GenComm UNet, STAMP's adapters): an argument the table does not know may change what that module
+# computes, so an unknown key under one of them is refused, not warned about.
+STRICT_SECTIONS: Tuple[str, ...] = (
+    "model.args.<m>.encoder_args", "model.args.<m>.backbone_args", "model.args.<m>.shrink_header",
+    "model.args.gencomm", "model.args.message_extractor", "model.args.<m>.<ar:adapter|reverter>",
+    "loss_adapter",
+)
+_STRICT = [re.compile(_compile(p).pattern[:-2] + r"\.") for p in STRICT_SECTIONS]
+
+
+def strict_section(path: str) -> Optional[str]:
+    """The :data:`STRICT_SECTIONS` entry ``path`` lies under, if any."""
+    for rx, pattern in zip(_STRICT, STRICT_SECTIONS):
+        if rx.match(path):
+            return pattern
+    return None
 
 
 def rule_for(path: str) -> Optional[Tuple[Rule, Dict[str, str]]]:

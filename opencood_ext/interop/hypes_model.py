@@ -11,9 +11,11 @@ import math
 import re
 from typing import List
 
-from .hypes_keys import ENCODERS, FUSION_OPS, MODELS, SENSORS
+from .hypes_detect import anchors, fusion_op, loss_weights
+from .hypes_keys import ENCODERS, MODELS, REFUSED_MODELS, SENSORS
 from .hypes_pyramid import PYRAMID_MODELS, check_pyramid, pyramid_fusion, pyramid_stack
 from .hypes_reader import HypesReader, same_value
+from .hypes_stamp import stamp_link
 
 # the reference LSS's camera_encoder -> our image trunk (opencood_ext/models/image_trunks.py)
 CAMERA_TRUNKS = {"EfficientNet": "efficientnet_b0", "Resnet101": "resnet101"}
@@ -83,6 +85,22 @@ def _lss(r: HypesReader, m: str) -> dict:
             "context_channels": r.get(f"{args}.img_features", 64)}
 
 
+def _pillar_height(r: HypesReader, m: str, voxel, core: str):
+    """A pillar taller than the z range (DAIR-V2X files: 5 m pillars on a 4 m range): the reference's
+    grid rounds to one layer; ours takes the range's height (one pillar over the same points)."""
+    rng = r.get("cav_lidar_range", None)
+    if core != "point_pillar" or not isinstance(voxel, list) or len(voxel) != 3 or not isinstance(rng, list):
+        return voxel
+    height = float(rng[5]) - float(rng[2])
+    if float(voxel[2]) > height and round(height / float(voxel[2])) == 1:
+        r.approximations.append((f"heter.modality_setting.{m}.preprocess.args.voxel_size", (
+            f"pillar height {voxel[2]} m exceeds the {height} m z range: the reference's grid rounds to one layer; "
+            f"ours is {height} m high, the same points, but the pillar-centre z feature is measured from "
+            f"{float(rng[2]) + height / 2} m instead of the reference's {float(rng[2]) + float(voxel[2]) / 2} m")))
+        return [voxel[0], voxel[1], height]
+    return voxel
+
+
 def _stack(r: HypesReader, m: str) -> dict:
     setting, args = f"heter.modality_setting.{m}", f"model.args.{m}"
     core = r.get(f"{setting}.core_method")
@@ -94,9 +112,12 @@ def _stack(r: HypesReader, m: str) -> dict:
     if ENCODERS[core] == "lss_reference":
         encoder = _lss(r, m)
     else:
-        voxel = r.get(f"{setting}.preprocess.args.voxel_size")
+        voxel = _pillar_height(r, m, r.get(f"{setting}.preprocess.args.voxel_size"), core)
         encoder = _pillars(r, m, voxel) if ENCODERS[core] == "pointpillars" else _second(r, m, voxel)
     bb = f"{args}.backbone_args"
+    if r.has(bb):  # the string 'identity' (its rule checks the value)
+        r.refuse(bb, "the identity backbone is not a backbone type of this project yet")
+        return {}
     if r.get("model.core_method", None) in PYRAMID_MODELS:  # HEAL's ResNetBEVBackbone, identity aligner
         return {"encoder": encoder, **pyramid_stack(r, m)}
     # the reference's per-type BaseBEVBackbone and DownsampleConv shrink header: ours of the same structure
@@ -120,9 +141,11 @@ def _stack(r: HypesReader, m: str) -> dict:
 _UNET_RESOLUTION = 128
 
 
-def _link(r: HypesReader, kind: str) -> dict:
+def _link(r: HypesReader, kind: str, types: List[str]) -> dict:
     if kind == "full_feature":
         return {"type": "full_feature", "wire_dtype": "float32"}
+    if kind == "stamp":
+        return stamp_link(r, types)
     unet = "model.args.gencomm.model"
     mult = list(r.get(f"{unet}.ch_mult", [1, 1]))
     attn = r.get(f"{unet}.attn_resolutions", [])
@@ -136,14 +159,16 @@ def _link(r: HypesReader, kind: str) -> dict:
     link = {"type": "gencomm",
             "message": {"variant": "reference", "message_channels": r.get("model.args.message_extractor.out_ch", 2)},
             "generator": generator, "generation_weight": float(r.get("loss.args.generate_weight", 0.0)),
-            # the reference generates on each feature in its sender's frame and warps in the fusion;
-            # protocol: reference (the converted config's) also generates the ego's own feature
-            "warp_before_generation": False, "wire_dtype": "float32"}
+            "wire_dtype": "float32"}
     if r.has("model.args.enhancer") or r.children("model.args.enhancer"):  # the reference: 'enhancer' in args
         link["enhancer"] = {"variant": "reference"}
     else:
         r.approximations.append(("model.args.enhancer", "absent: the reference applies no enhancer; our link "
                                  "always refines with a Channel Enhancer"))
+    r.approximations.append(
+        ("model.core_method", "the reference generates in the sender's frame, then warps; ours warps the "
+         "message first (the paper's order; --set model.link.warp_before_generation=false for the reference's). "
+         "The reference also replaces the ego's own feature by a generated one; ours keeps it (the paper's)"))
     return link
 
 
@@ -154,36 +179,21 @@ def model_section(r: HypesReader, types: List[str]) -> dict:
         r.approximations.append(("label_type", "'camera': the reference's ground truth is only the objects inside "
                                  "the agents' camera-visibility masks (bev_visibility.png); ours is every labelled "
                                  "object in range, as with 'lidar'"))
-    if core not in MODELS:
+    if core in REFUSED_MODELS:
+        r.refuse("model.core_method", f"model {core!r}: {REFUSED_MODELS[core]}")
+    elif core not in MODELS:
         r.refuse("model.core_method", f"model {core!r} not supported; one of {sorted(MODELS)}")
-    op = r.get("model.args.fusion_method", "att")
-    if op not in FUSION_OPS:
-        r.refuse("model.args.fusion_method", f"fusion {op!r} not supported; one of {sorted(FUSION_OPS)}")
-    rot = r.get("postprocess.anchor_args.r", [0, 90])
-    for key in ("postprocess.anchor_args.num", "model.args.anchor_number"):
-        if r.has(key) and r.get(key) != len(rot):
-            r.refuse(key, f"is {r.get(key)} but anchor_args.r has {len(rot)} rotations (one anchor each)")
     model = {
-        "fusion": "intermediate", "fusion_op": FUSION_OPS.get(op, "att"),
+        "fusion": "intermediate", "fusion_op": fusion_op(r, types),
         "agent_types": {m: _stack(r, m) for m in types},
-        "link": _link(r, MODELS.get(core, "full_feature")),
-        "anchors": {"sizes": [[r.get(f"postprocess.anchor_args.{k}") for k in "lwh"]],
-                    "rotations": [math.radians(float(a)) for a in rot], "z_center": -1.0},
-        "pos_iou": r.get("postprocess.target_args.pos_threshold", 0.6),
-        "neg_iou": r.get("postprocess.target_args.neg_threshold", 0.45),
+        "link": _link(r, MODELS.get(core, "full_feature"), types),
+        **anchors(r),
         "score_threshold": r.get("postprocess.target_args.score_threshold", 0.2),
         "nms_iou": r.get("postprocess.nms_thresh", 0.15),
+        "loss": loss_weights(r),
     }
-    loss = {}
-    for key, ours in (("cls.weight", "cls_weight"), ("reg.weight", "box_weight"), ("dir.weight", "dir_weight"),
-                      ("cls.alpha", "focal_alpha"), ("cls.gamma", "focal_gamma")):
-        if r.has(f"loss.args.{key}"):
-            loss[ours] = r.get(f"loss.args.{key}")
-    if r.has("loss.args.reg.sigma"):
-        loss["smooth_l1_beta"] = 1.0 / float(r.get("loss.args.reg.sigma")) ** 2
-    model["loss"] = loss
     if core in PYRAMID_MODELS:
-        model.update(pyramid_fusion(r))
+        model.update(pyramid_fusion(r, types))
     if r.has("loss.args.depth.weight"):
         model["depth_weight"] = r.get("loss.args.depth.weight")
     return model
@@ -192,11 +202,17 @@ def model_section(r: HypesReader, types: List[str]) -> dict:
 def check_model(r: HypesReader, model) -> None:
     """Widths and the feature grid the file states, against the model built from the conversion."""
     c = getattr(model.fuse, "out_channels", model.channels)  # the width the head reads
-    for key in ("model.args.att.feat_dim", "model.args.max.feat_dim", "model.args.in_head",
-                "model.args.message_extractor.in_ch", "model.args.enhancer.in_ch",
-                "model.args.gencomm.model.in_channels", "model.args.gencomm.model.out_ch"):
+    keys = ["model.args.att.feat_dim", "model.args.max.feat_dim", "model.args.in_head",
+            "model.args.message_extractor.in_ch", "model.args.enhancer.in_ch",
+            "model.args.gencomm.model.in_channels", "model.args.gencomm.model.out_ch"]
+    protocol = r.get("heter.protocol_modality", None)
+    for m in model.encoders:  # STAMP's adapters state the width per type (the protocol's are not built)
+        if m != protocol:
+            keys += [f"model.args.{m}.{a}.args.{io}_channels" for a in ("adapter", "reverter") for io in ("in", "out")]
+    for key in keys:
         if r.has(key) and not same_value(r.get(key), c):
             r.refuse(key, f"is {r.get(key)} but the fused feature is {c} wide (shrink_header.dim[-1])")
+
     for m, stack in model.encoders.items():
         args = f"model.args.{m}"
         for key, have in ((f"{args}.backbone_args.inplanes", stack.encoder.out_channels),

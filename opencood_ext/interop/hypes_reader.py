@@ -18,11 +18,19 @@ from typing import Any, Dict, Iterator, List, Tuple
 import yaml
 
 from ..config import ConfigError, parse_yaml, read_config_text
-from .hypes_keys import Approx, Dropped, Fixed, Same, other_key, rule_for
+from .hypes_keys import Approx, Dropped, Fixed, Refused, Same, other_key, rule_for, strict_section
 
 # a top-level key in any of these makes a yaml a hypes file (our schema has none of them)
 MARKERS = ("root_dir", "yaml_parser", "train_params", "preprocess", "postprocess", "heter", "fusion",
            "cav_lidar_range", "lr_scheduler", "optimizer", "loss")
+
+
+UNKNOWN = ("no rule in opencood_ext/interop/hypes_keys.py; the reference models converted here do not read "
+           "it either")
+
+
+def warning_line(source: str, path: str, why: str) -> str:
+    return f"WARNING: {source}: key '{path}': not read by this project: {why}"
 
 
 class HypesError(ConfigError):
@@ -103,6 +111,8 @@ class HypesReader:
 
     ``get`` reads a key the converter carries over; ``refuse`` records a problem;
     :meth:`raise_problems` raises one :class:`HypesError` listing all of them.
+    ``dropped``: (key path, why) of every key not read here (a :class:`Dropped` rule, or a key
+    the table does not know); :meth:`warnings` words them, one line each.
     """
 
     data: dict
@@ -117,10 +127,17 @@ class HypesReader:
         for path, value in self.leaves.items():
             found = rule_for(path)
             if found is None:
-                self.refuse(path, "not supported (no counterpart in this framework)")
+                section = strict_section(path)
+                if section is not None:
+                    self.refuse(path, f"an argument the importer does not know, under {section}, whose "
+                                      f"module may read it (hypes_keys.STRICT_SECTIONS)")
+                else:
+                    self.dropped.append((path, UNKNOWN))
                 continue
             rule, segments = found
-            if isinstance(value, PythonObject) and not isinstance(rule, Dropped):
+            if isinstance(rule, Refused):
+                self.refuse(path, f"not supported: {rule.reason}")
+            elif isinstance(value, PythonObject) and not isinstance(rule, Dropped):
                 self.refuse(path, f"holds a python object (!!python/{value.tag}); write a plain value")
             elif isinstance(rule, Fixed):
                 if not any(same_value(value, ok) for ok in rule.allowed):
@@ -161,6 +178,13 @@ class HypesReader:
         """``path`` (when present) must equal ``other``."""
         if path in self.leaves and other in self.leaves and not same_value(self.leaves[path], self.leaves[other]):
             self.refuse(path, f"is {self.leaves[path]!r} but {other} is {self.leaves[other]!r}; {what}")
+
+    def warnings(self) -> List[str]:
+        """``WARNING: FILE: key 'PATH': not read by this project: WHY``, one line per dropped key."""
+        first: Dict[str, str] = {}
+        for path, why in self.dropped:
+            first.setdefault(path, why)
+        return [warning_line(self.source, path, why) for path, why in first.items()]
 
     def raise_problems(self) -> None:
         if self.problems:
