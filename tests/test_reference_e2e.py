@@ -216,3 +216,21 @@ def test_heal_heter_model_baseline_is_the_reference_forward(fusion):
         native = _model(["m1"], {"type": "full_feature", "wire_dtype": "float32"}, protocol="native")
         _load(native, sd)
         assert max(_compare(native, sd, batch, False)) > 1e-3
+
+
+def test_a_reference_training_step_runs_and_reaches_the_ego_message_extractor():
+    """Training under protocol reference: targets by the reference's rule, the ego's own message
+    generated into its fused feature, so the extractor learns from the ego's own detections too."""
+    batch = _batch(["m1"], "all:m1")
+    model = _model(["m1"], GENCOMM_LINK)
+    _load(model, _checkpoint(_shapes(["m1"], True), seed=3))
+    model.criterion.pos_cls_weight = 2.0
+    model.train()
+    out = model(batch)
+    loss = model.loss(out, batch)
+    loss.total.backward()
+    assert torch.isfinite(loss.total) and {"cls", "box", "dir", "generation"} <= set(loss.parts)
+    grad = model.link.dme["m1"].head.weight.grad
+    assert grad is not None and float(grad.abs().sum()) > 0
+    t = model.targets(batch.gt_boxes, batch.gt_classes)
+    assert int((t.labels == 1).sum()) >= len(batch.gt_boxes[0])  # every box has its best anchor
