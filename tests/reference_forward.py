@@ -158,5 +158,4 @@ def att_fusion(x):
 
 
 def heads(sd, x):
-    return (F.conv2d(x, sd["cls_head.weight"], sd["cls_head.bias"]), F.conv2d(x, sd["reg_head.weight"], sd["reg_head.bias"]),
-            F.conv2d(x, sd["dir_head.weight"], sd["dir_head.bias"]))
+    return tuple(F.conv2d(x, sd[f"{h}_head.weight"], sd[f"{h}_head.bias"]) for h in ("cls", "reg", "dir"))
