@@ -142,7 +142,8 @@ def _worker_job(job: _Job) -> Tuple[str, dict, List[Path]]:
 def _single_threaded_blas():
     """While open, processes started from this one get one BLAS / OpenMP thread (where the user set
     no count). The workers already fill the cores; a BLAS thread pool in each only spins (it doubled
-    the CPU time of the BEV visibility masks). The thread count does not change any result."""
+    the CPU time of the BEV visibility masks). One thread or several, the files came out the same
+    (tests/test_sim_speed_identity.py)."""
     saved = {k: os.environ.get(k) for k in _BLAS_THREAD_VARS}
     for k in _BLAS_THREAD_VARS:
         os.environ.setdefault(k, "1")
@@ -191,7 +192,8 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
     building its world with ``world_factory`` (picklable, e.g.
     ``functools.partial(BuiltinWorld, cfg)``); ``world`` is then not used. A
     scenario depends only on its own seed, so the files are the same for any
-    ``workers``.
+    ``workers``. A repeated scenario name (an unlucky ``seed``) is refused
+    before its files are written with one worker, after the run with several.
     """
     if scenarios < 1 or frames < 1:
         raise ValueError(f"need at least one scenario and one frame, got scenarios={scenarios}, frames={frames}")
