@@ -26,6 +26,8 @@ BENCHMARKS = {
     "gencomm": ("experiments.bench.gencomm_modules", "message extractor, generator, wire format cost"),
     "fusion": ("experiments.bench.fusion_ops", "fusion ops (max, att, V2X-ViT sim / reference setting): params, fwd+bwd time"),
     "warp": ("experiments.bench.warp_sensitivity", "AP a trained detector loses when its own feature is warped"),
+    "job": ("experiments.bench.job_cost", "the main job's minutes per kind of step, projected from measured steps "
+            "(with and without the feature cache)"),
     "voxelize": ("experiments.bench.voxelize", "voxeliser ms per 30k-120k point cloud: pure PyTorch vs spconv, equality"),
 }
 
