@@ -159,16 +159,14 @@ def _link(r: HypesReader, kind: str, types: List[str]) -> dict:
     link = {"type": "gencomm",
             "message": {"variant": "reference", "message_channels": r.get("model.args.message_extractor.out_ch", 2)},
             "generator": generator, "generation_weight": float(r.get("loss.args.generate_weight", 0.0)),
-            "wire_dtype": "float32"}
+            # the reference generates on each feature in its sender's frame and warps in the fusion;
+            # protocol: reference (the converted config's) also generates the ego's own feature
+            "warp_before_generation": False, "wire_dtype": "float32"}
     if r.has("model.args.enhancer") or r.children("model.args.enhancer"):  # the reference: 'enhancer' in args
         link["enhancer"] = {"variant": "reference"}
     else:
         r.approximations.append(("model.args.enhancer", "absent: the reference applies no enhancer; our link "
                                  "always refines with a Channel Enhancer"))
-    r.approximations.append(
-        ("model.core_method", "the reference generates in the sender's frame, then warps; ours warps the "
-         "message first (the paper's order; --set model.link.warp_before_generation=false for the reference's). "
-         "The reference also replaces the ego's own feature by a generated one; ours keeps it (the paper's)"))
     return link
 
 
