@@ -159,3 +159,37 @@ def att_fusion(x):
 
 def heads(sd, x):
     return tuple(F.conv2d(x, sd[f"{h}_head.weight"], sd[f"{h}_head.bias"]) for h in ("cls", "reg", "dir"))
+
+
+def voxel_backbone_8x(sd, p, voxels, num_points, coords, num_agents, grid):
+    """SECOND (MeanVFE + VoxelBackBone8x + HeightCompression) densely: a submanifold conv is the dense
+    3x3x3 conv read at the active sites; a strided sparse conv is the dense one, its active sites those
+    whose window holds an active input. grid: (nz, ny, nx) of the range; the sparse grid has one z
+    layer more; conv4 pads z by 0; conv_out (3, 1, 1) stride (2, 1, 1) without padding."""
+    feats = voxels.sum(dim=1) / num_points.clamp(min=1).to(voxels.dtype)[:, None]
+    D, H, W = grid[0] + 1, grid[1], grid[2]
+    x = feats.new_zeros(num_agents, feats.shape[1], D, H, W)
+    c = coords.long()
+    x[c[:, 0], :, c[:, 1], c[:, 2], c[:, 3]] = feats
+    act = torch.zeros(num_agents, 1, D, H, W, dtype=torch.bool)
+    act[c[:, 0], 0, c[:, 1], c[:, 2], c[:, 3]] = True
+
+    def layer(x, act, name, stride=1, padding=1, kernel=3):
+        w = sd[f"{name}.0.weight"].permute(0, 4, 1, 2, 3)  # spconv 2.x (out, kz, ky, kx, in) -> conv3d
+        y = F.conv3d(x, w, stride=stride, padding=padding)
+        if stride != 1:
+            ones = torch.ones((1, 1) + tuple(w.shape[2:]))
+            act = F.conv3d(act.float(), ones, stride=stride, padding=padding) > 0
+        y = _bn(sd, f"{name}.1", y, 1e-3).relu()
+        return y * act, act
+
+    b = f"{p}.spconv_block"
+    x, act = layer(x, act, f"{b}.conv_input")
+    x, act = layer(x, act, f"{b}.conv1.0")
+    for stage, pad in (("conv2", 1), ("conv3", 1), ("conv4", (0, 1, 1))):
+        x, act = layer(x, act, f"{b}.{stage}.0", stride=2, padding=pad)
+        for j in (1, 2):
+            x, act = layer(x, act, f"{b}.{stage}.{j}")
+    x, act = layer(x, act, f"{b}.conv_out", stride=(2, 1, 1), padding=0)
+    n, ch, d, h, w = x.shape
+    return x.reshape(n, ch * d, h, w)

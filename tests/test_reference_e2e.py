@@ -4,7 +4,8 @@ imported with the weight importer, gives the classification, regression and dire
 an independent restatement of the reference's forward pass (tests/reference_forward.py) computes
 from the same tensors, to 1e-4 of their magnitude, diffusion noise zero on both sides:
 
-* GenComm stage 1 (``heter_model_baseline_w_gencomm_stage1``): PointPillars m1 everywhere;
+* GenComm stage 1 (``heter_model_baseline_w_gencomm_stage1``): PointPillars m1 everywhere, and SECOND
+  (VoxelBackBone8x restated densely; a 0.1 m grid over a smaller crop);
 * GenComm stage 2 (``..._stage2``): m1 ego, m3 collaborators (a one-level backbone, as the
   reference's V2X-Real m3), one generator and enhancer (the ego's) for all;
 * HEAL ``heter_model_baseline`` with attention (and max) fusion: no link modules, the ego keeps
@@ -65,10 +66,10 @@ class _Reader(list):
     pass
 
 
-def _batch(types, modality):
-    cfg = DataConfig(lidar_range=tuple(RANGE), augment=AugmentConfig(enabled=False), modality=modality,
+def _batch(types, modality, rng=RANGE, voxel=VOXEL):
+    cfg = DataConfig(lidar_range=tuple(rng), augment=AugmentConfig(enabled=False), modality=modality,
                      agent_types={t: AgentTypeData(lidar_beams=64) for t in types}, max_agents=3)
-    ds = CooperativeDataset(_Reader([_frame()]), cfg, {t: VOXEL for t in types}, train=False, cooperation="all")
+    ds = CooperativeDataset(_Reader([_frame()]), cfg, {t: voxel for t in types}, train=False, cooperation="all")
     return collate_samples([ds[0]])
 
 
@@ -234,3 +235,58 @@ def test_a_reference_training_step_runs_and_reaches_the_ego_message_extractor():
     assert grad is not None and float(grad.abs().sum()) > 0
     t = model.targets(batch.gt_boxes, batch.gt_classes)
     assert int((t.labels == 1).sum()) >= len(batch.gt_boxes[0])  # every box has its best anchor
+
+
+RANGE_S = [-12.8, -6.4, -3.0, 12.8, 6.4, 1.0]
+VOXEL_S = (0.1, 0.1, 0.1)
+
+
+def _second_keys(p, cin=4, widths=(16, 32, 64, 64), out=64):
+    """VoxelBackBone8x in spconv 2.x layout (weights (out, kz, ky, kx, in)), BatchNorm1d after each conv."""
+    from reference_keys import bn
+
+    shapes = {}
+
+    def conv(name, i, o, k=(3, 3, 3)):
+        shapes[f"{p}.spconv_block.{name}.0.weight"] = (o, *k, i)
+        shapes.update(bn(f"{p}.spconv_block.{name}.1", o))
+    conv("conv_input", cin, widths[0])
+    conv("conv1.0", widths[0], widths[0])
+    for s, (i, o) in zip(("conv2", "conv3", "conv4"), zip(widths[:-1], widths[1:])):
+        conv(f"{s}.0", i, o)
+        conv(f"{s}.1", o, o)
+        conv(f"{s}.2", o, o)
+    conv("conv_out", widths[-1], out, (3, 1, 1))
+    return shapes
+
+
+def test_gencomm_stage1_second_is_the_reference_forward(no_noise):
+    pytest.importorskip("spconv")
+    batch = _batch(["m3"], "all:m3", RANGE_S, VOXEL_S)
+    stack = {"encoder": {"type": "second", "voxel_size": list(VOXEL_S), "channels": [16, 32, 64, 64],
+                         "blocks": [1, 2, 2, 2], "out_z_channels": 64},
+             "backbone": {"type": "base_bev", "layer_nums": [1], "layer_strides": [1], "num_filters": [C],
+                          "upsample_strides": [1], "num_upsample_filters": [C]},
+             "shrink": {"type": "downsample_conv", "kernel_size": [3], "stride": [2], "padding": [1], "dims": [C]}}
+    model = CooperativeDetector({"m3": stack}, RANGE_S, fusion="intermediate", fusion_op="att", link=GENCOMM_LINK,
+                                protocol="reference").eval()
+    shapes = {**_second_keys("encoder_m3"), **base_bev("backbone_m3", [(128, C, 1, 1, C)]),
+              **downsample_conv("shrinker_m3", [(C, C, 3)]), **message_extractor("message_extractor_m3", C),
+              **diffusion_unet("gencomm.denoiser", UNET["ch"], UNET["mult"], UNET["blocks"], C + 2, C),
+              **enhancer("enhancer", C), **heads(C)}
+    sd = _checkpoint(shapes, seed=4)
+    _load(model, sd)
+    inp = batch.inputs["m3"]
+    grid = [round((RANGE_S[k + 3] - RANGE_S[k]) / VOXEL_S[k]) for k in (2, 1, 0)]
+    with torch.no_grad():
+        ours = model(batch).head
+        x = ref.voxel_backbone_8x(sd, "encoder_m3", inp.voxels, inp.num_points, inp.coords, inp.num_agents, grid)
+        x = ref.downsample_conv(sd, "shrinker_m3", ref.base_bev(sd, "backbone_m3", x, [1], [1], [1]), [2], [1])
+        x = x[torch.argsort(batch.type_index["m3"])]  # the type's rows back in agent order
+        msgs = ref.message_extractor(sd, "message_extractor_m3", x)
+        x = ref.enhance(sd, ref.generate(sd, x[:1].expand_as(x), msgs, **UNET))
+        fused = ref.att_fusion(ref.warp_to_ego(x, batch.T_world_from_agent.float(), RANGE_S))[None]
+        want = ref.heads(sd, fused)
+    hwl = torch.tensor([a * 7 + j for a in range(2) for j in (0, 1, 2, 5, 4, 3, 6)])
+    for a, b in ((ours.cls, want[0]), (ours.reg, want[1][:, hwl]), (ours.dir, want[2])):
+        assert float((a - b).abs().max() / b.abs().max()) < 1e-4

@@ -221,9 +221,9 @@ STACKS = {  # (family, type) -> reference parameters of encoder + backbone + shr
     ("v2xreal", "m1"): _pillars() + _base_bev(64, *PP3) + _downsample(384, 256),
     ("v2xreal", "m3"): _pillars() + _base_bev(64, [3], [64], [1], [128]) + _downsample(128, 256),
 }
-# documented differences (docs/protocol.md): DAIR's 5 m z range leaves our SECOND 3 z layers (192 BEV
-# channels into the backbone's first conv), the reference 2 (128)
-EXTRA = {("dairv2x", "m3"): 9 * 64 * 64}
+# no documented size difference remains (under protocol reference our SECOND keeps the reference's 2 z
+# layers on DAIR's 5 m range too: 128 BEV channels into the backbone's first conv)
+EXTRA = {}
 
 
 def _count(module):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Iterator, Literal, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -134,13 +134,18 @@ class SecondEncoder(nn.Module):
     blocks: ``SubMConv3d`` blocks per stage (same length as ``channels``).
     out_z_channels: channels of the z-compression conv; ``out_channels`` is this
         times the remaining depth, derived from the grid.
+    protocol (derived, the model's): "reference" is OpenCOOD's VoxelBackBone8x: the sparse grid has
+        one z layer more than the range (``grid_size[::-1] + [1, 0, 0]``) and the last stage's
+        stride-2 conv pads z by 0 (y, x by 1); "native" pads every stage by 1 on the range's grid.
+        Same shapes on OPV2V-H's 4 m z range, different z alignment; on DAIR-V2X's 5 m the
+        reference keeps 2 z layers (128 BEV channels), native 3.
     """
 
     input_kind = "lidar"
 
     def __init__(self, lidar_range: Sequence[float], voxel_size: Sequence[float] = (0.1, 0.1, 0.1),
                  channels: Sequence[int] = (16, 32, 64, 64), blocks: Sequence[int] = (1, 2, 2, 2),
-                 out_z_channels: int = 128):
+                 out_z_channels: int = 128, protocol: Literal["native", "reference"] = "native"):
         super().__init__()
         spconv = sparse_ops()  # ImportError naming what to install when spconv is missing
         if len(channels) != len(blocks) or not channels:
@@ -148,7 +153,10 @@ class SecondEncoder(nn.Module):
                              f"non-empty lists of the same length")
         self.lidar_range = tuple(float(x) for x in lidar_range)
         self.voxel_size = tuple(float(x) for x in voxel_size)
+        self.protocol = protocol
         self.sparse_shape = list(grid_shape(lidar_range, voxel_size))  # [nz, ny, nx]
+        if protocol == "reference":
+            self.sparse_shape[0] += 1
         stages = []
         shape = list(self.sparse_shape)
         cin = 4
@@ -156,9 +164,10 @@ class SecondEncoder(nn.Module):
             if i == 0:
                 layers = [_block(spconv.SubMConv3d(cin, c, 3, padding=1, bias=False, indice_key="subm0"), c)]
             else:
-                layers = [_block(spconv.SparseConv3d(cin, c, 3, stride=2, padding=1, bias=False,
+                pad = (0, 1, 1) if protocol == "reference" and i == len(channels) - 1 else (1, 1, 1)
+                layers = [_block(spconv.SparseConv3d(cin, c, 3, stride=2, padding=pad, bias=False,
                                                      indice_key=f"down{i}"), c)]
-                shape = [_conv_out(n, 3, 2, 1) for n in shape]
+                shape = [_conv_out(n, 3, 2, q) for n, q in zip(shape, pad)]
             layers += [_block(spconv.SubMConv3d(c, c, 3, padding=1, bias=False, indice_key=f"subm{i}"), c)
                        for _ in range(nb)]
             stages.append(spconv.SparseSequential(*layers))
