@@ -115,22 +115,21 @@ def _stack(r: HypesReader, m: str) -> dict:
         voxel = _pillar_height(r, m, r.get(f"{setting}.preprocess.args.voxel_size"), core)
         encoder = _pillars(r, m, voxel) if ENCODERS[core] == "pointpillars" else _second(r, m, voxel)
     bb = f"{args}.backbone_args"
-    if r.has(bb):  # the string 'identity' (its rule checks the value)
-        r.refuse(bb, "the identity backbone is not a backbone type of this project yet")
-        return {}
     if r.get("model.core_method", None) in PYRAMID_MODELS:  # HEAL's ResNetBEVBackbone, identity aligner
         return {"encoder": encoder, **pyramid_stack(r, m)}
-    # the reference's per-type BaseBEVBackbone and DownsampleConv shrink header: ours of the same structure
-    backbone = {"type": "base_bev", "layer_nums": r.get(f"{bb}.layer_nums"),
-                "layer_strides": r.get(f"{bb}.layer_strides"), "num_filters": r.get(f"{bb}.num_filters"),
-                "upsample_strides": r.get(f"{bb}.upsample_strides"),
-                "num_upsample_filters": r.get(f"{bb}.num_upsample_filter")}
+    if r.has(bb):  # the string 'identity' (its rule checks the value): no backbone
+        backbone = {"type": "identity"}
+    else:  # the reference's per-type BaseBEVBackbone and DownsampleConv shrink header: ours of the same structure
+        backbone = {"type": "base_bev", "layer_nums": r.get(f"{bb}.layer_nums"),
+                    "layer_strides": r.get(f"{bb}.layer_strides"), "num_filters": r.get(f"{bb}.num_filters"),
+                    "upsample_strides": r.get(f"{bb}.upsample_strides"),
+                    "num_upsample_filters": r.get(f"{bb}.num_upsample_filter")}
     sh = f"{args}.shrink_header"
     if not r.has(f"{sh}.dim"):
         r.approximations.append((sh, "absent in the reference; ours always ends on a ShrinkConv (3x3 conv, BN, "
                                  "ReLU), here of the backbone's width"))
         return {"encoder": encoder, "backbone": backbone,
-                "shrink_channels": sum(backbone["num_upsample_filters"] or [])}
+                "shrink_channels": sum(backbone.get("num_upsample_filters") or [])}
     shrink = {"type": "downsample_conv", "kernel_size": r.get(f"{sh}.kernal_size"), "stride": r.get(f"{sh}.stride"),
               "padding": r.get(f"{sh}.padding"), "dims": r.get(f"{sh}.dim")}
     return {"encoder": encoder, "backbone": backbone, "shrink": shrink}
@@ -191,7 +190,7 @@ def model_section(r: HypesReader, types: List[str]) -> dict:
         "loss": loss_weights(r),
     }
     if core in PYRAMID_MODELS:
-        model.update(pyramid_fusion(r, types))
+        model.update(pyramid_fusion(r))
     if r.has("loss.args.depth.weight"):
         model["depth_weight"] = r.get("loss.args.depth.weight")
     return model

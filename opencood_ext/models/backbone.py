@@ -191,6 +191,23 @@ class ShrinkConv(nn.Module):
         return self.net(x)
 
 
+class IdentityBackbone(nn.Module):
+    """No BEV backbone: the encoder's map passes unchanged, (A, C, H, W) -> (A, C, H, W) (the
+    reference's ``backbone_args: identity``, an ``nn.Identity``). in_channels: derived."""
+
+    out_stride = 1.0
+
+    def __init__(self, in_channels: int):
+        super().__init__()
+        self.out_channels = int(in_channels)
+
+    def out_shape(self, in_hw: Tuple[int, int]) -> Tuple[int, int]:
+        return tuple(in_hw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
 class DownsampleConv(nn.Module):
     """Shrink header with the structure of the reference's ``DownsampleConv`` (HEAL / GenComm
     ``shrinker_<m>``): per layer i a ``kernel_size[i]`` conv with ``stride[i]`` and ``padding[i]``

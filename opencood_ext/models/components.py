@@ -13,7 +13,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from ..registry import Registry
 from .aligner import ConvNeXtAligner
-from .backbone import BaseBEVBackbone, DownsampleConv, ResNetBEVBackbone, ShrinkConv
+from .backbone import BaseBEVBackbone, DownsampleConv, IdentityBackbone, ResNetBEVBackbone, ShrinkConv
 from .lss import LSSEncoder
 from .lss_reference import ReferenceLSSEncoder
 from .pointpillars import PointPillarEncoder
@@ -81,6 +81,7 @@ ENCODERS = Registry("encoder", "per-type sensor encoders (model.agent_types.<t>.
 BACKBONES = Registry("backbone", "BEV backbones (model.agent_types.<t>.backbone.type)", {
     "resnet_bev": ResNetBEVBackbone,
     "base_bev": BaseBEVBackbone,
+    "identity": IdentityBackbone,  # no backbone (the reference's backbone_args: identity)
 })
 SHRINKS = Registry("shrink", "shrink headers after the BEV backbone (model.agent_types.<t>.shrink.type)", {
     "conv_bn": ShrinkConv,
