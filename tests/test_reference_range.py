@@ -121,3 +121,16 @@ def test_build_dataset_follows_the_protocol(run):
     assert build_dataset(load_experiment(out / "config.yaml"), "test", train=False).protocol == "native"
     ref = load_experiment(out / "config.yaml", ["protocol=reference"])
     assert build_dataset(ref, "test", train=False).protocol == "reference"
+
+
+def test_the_robustness_sweep_evaluates_a_reference_run_at_the_reference_default(run, tmp_path):
+    """gencomm-robustness applies the same default range as gencomm-infer, so under protocol reference
+    its evaluations are the reference's (and their stamps record the area)."""
+    from opencood_ext.cli import robustness
+    _, out = run
+    assert robustness.main(["--runs", f"ref={out}", "--sweep", "drop", "--drop", "0", "-o", str(tmp_path / "rob"),
+                            "--max_frames", "1", "--no_progress", "--set", "protocol=reference"]) == 0
+    stamps = sorted(out.glob("eval_*.inputs.json"))
+    area = range_override((-102.4, -51.2, -3.0, 102.4, 51.2, 1.0))
+    swept = [json.loads(p.read_text()) for p in stamps if "drop" in p.name or "none" in p.name]
+    assert swept and all(area in json.dumps(s) for s in swept)

@@ -139,6 +139,11 @@ class _RunEvaluator:
         self.spec, self.seed, self.progress, self.code = spec, seed, progress, code
         self.folder, self.overrides = RunFolder(spec.run_dir), tuple(overrides)
         self.cfg, self.model = load_any_run(spec.run_dir, overrides, echo=False)
+        from .detection_range import evaluation_range, range_override
+        area = evaluation_range(self.cfg.protocol, self.cfg.data.format, self.cfg.data.lidar_range, None)
+        if area is not None:  # protocol reference: the reference's default range, as gencomm-infer evaluates
+            self.overrides = (*self.overrides, range_override(area))
+            self.cfg, self.model = load_any_run(spec.run_dir, self.overrides, echo=False)
         self.model.feature_cache = feature_cache
         if spec.fusion:
             set_fusion(self.model, spec.fusion)
