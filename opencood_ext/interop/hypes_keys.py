@@ -261,7 +261,13 @@ KEYS: Dict[str, Rule] = {
     "model.args.<m>.backbone_args.upsample_strides": Mapped("model.agent_types.<m>.backbone.upsample_strides"),
     "model.args.<m>.backbone_args.num_upsample_filter": Mapped("model.agent_types.<m>.backbone.num_upsample_filters"),
     "model.args.<m>.backbone_args.inplanes": Same("equal to the encoder's output width"),
-    "model.args.<m>.aligner_args.core_method": Fixed(("identity",), "no feature aligner"),
+    "model.args.<m>.aligner_args.core_method": Fixed(
+        ("identity", "convnext"), "feature aligner: none, or HEAL's ConvNeXt (aligner type convnext, heter_pyramid_collab)"),
+    "model.args.<m>.aligner_args.spatial_align": Fixed((False,), "HEAL's AlignNet raises NotImplementedError for it"),
+    "model.args.<m>.aligner_args.args.num_of_blocks": Mapped("model.agent_types.<m>.aligner.num_blocks"),
+    "model.args.<m>.aligner_args.args.dim": Same("equal to the feature width"),
+    "model.args.<m>.aligner_args.args.kernel_size": Mapped("model.agent_types.<m>.aligner.kernel_size"),
+    "model.args.<m>.aligner_args.args.deform": Fixed((False,), "a ConvNeXt aligner without deformable convs"),
     "model.args.<m>.backbone_args": Fixed(("identity",), "the reference's identity backbone (a string in place of "
                                                        "the arguments): backbone type identity"),
     "model.args.<m>.shrink_header.dim": Mapped("model.agent_types.<m>.shrink.dims (type downsample_conv)"),
