@@ -212,10 +212,56 @@ def _heads(c, k=2, classes=1):
     return (c * k * classes + k * classes) + (c * 7 * k * classes + 7 * k * classes) + (c * 2 * k + 2 * k)
 
 
+
+def _conv_bn(cin, cout, k=1):
+    return k * k * cin * cout + 2 * cout  # conv without bias + BatchNorm2d
+
+
+# EfficientNet-B0's stages (efficientnet_pytorch's block args): expansion, kernel, in, out, repeats; SE 0.25
+B0_STAGES = [(1, 3, 32, 16, 1), (6, 3, 16, 24, 2), (6, 5, 24, 40, 2), (6, 3, 40, 80, 3), (6, 5, 80, 112, 3),
+             (6, 5, 112, 192, 4), (6, 3, 192, 320, 1)]
+
+
+def _efficientnet_b0_trunk():
+    """The stem and the 16 MBConv blocks the CamEncode runs (not ``_conv_head``, ``_bn1``, ``_fc``)."""
+    n = _conv_bn(3, 32, 3)
+    for e, k, cin, cout, repeats in B0_STAGES:
+        for r in range(repeats):
+            i = cin if r == 0 else cout
+            mid, squeeze = i * e, max(1, int(i * 0.25))
+            n += (_conv_bn(i, mid) if e != 1 else 0) + k * k * mid + 2 * mid  # expand, depthwise (+ BNs)
+            n += (mid * squeeze + squeeze) + (squeeze * mid + mid)  # SE reduce / expand (1x1 convs with bias)
+            n += _conv_bn(mid, cout)  # project
+    return n
+
+
+def _resnet101_layers_1_2():
+    """torchvision resnet101's conv1, bn1, layer1 (3 bottlenecks) and layer2 (4): CamEncode_Resnet101."""
+    n, cin = _conv_bn(3, 64, 7), 64
+    for planes, blocks in ((64, 3), (128, 4)):
+        for b in range(blocks):
+            n += _conv_bn(cin, planes) + _conv_bn(planes, planes, 3) + _conv_bn(planes, 4 * planes)
+            if b == 0:
+                n += _conv_bn(cin, 4 * planes)  # downsample
+            cin = 4 * planes
+    return n
+
+
+def _lss(trunk, depth_bins=48, context=128):
+    """lss_submodule.py CamEncode (img_downsample 8: up1 Up(320 + 112, 512), up2 Up(512 + 40, 512)) or
+    CamEncode_Resnet101, then depth_head (512 -> D) and image_head (512 -> C), 1x1 convs with bias."""
+    up = lambda cin: _conv_bn(cin, 512, 3) + _conv_bn(512, 512, 3)  # noqa: E731  (lss_submodule Up)
+    body = _efficientnet_b0_trunk() + up(320 + 112) + up(512 + 40) if trunk == "efficientnet_b0" \
+        else _resnet101_layers_1_2()
+    return body + 512 * depth_bins + depth_bins + 512 * context + context
+
+
 PP3 = ([3, 5, 8], [64, 128, 256], [1, 2, 4], [128, 128, 128])
 STACKS = {  # (family, type) -> reference parameters of encoder + backbone + shrink header
     ("opv2v_h", "m1"): _pillars() + _base_bev(64, *PP3) + _downsample(384, 128),
     ("opv2v_h", "m3"): _second() + _base_bev(128, [3], [64], [1], [128]) + _downsample(128, 128),
+    ("opv2v_h", "m2"): _lss("efficientnet_b0") + _base_bev(128, *PP3) + _downsample(384, 128),
+    ("opv2v_h", "m4"): _lss("resnet101") + _base_bev(128, *PP3) + _downsample(384, 128),
     ("dairv2x", "m1"): _pillars() + _base_bev(64, *PP3) + _downsample(384, 128),
     ("dairv2x", "m3"): _second() + _base_bev(128, [3], [64], [1], [128]) + _downsample(128, 128),
     ("v2xreal", "m1"): _pillars() + _base_bev(64, *PP3) + _downsample(384, 256),
@@ -224,6 +270,7 @@ STACKS = {  # (family, type) -> reference parameters of encoder + backbone + shr
 # no documented size difference remains (under protocol reference our SECOND keeps the reference's 2 z
 # layers on DAIR's 5 m range too: 128 BEV channels into the backbone's first conv)
 EXTRA = {}
+CAMERA_STAGE1 = ("gencomm_stage1_m2", "gencomm_stage1_m4")
 
 
 def _count(module):
@@ -231,6 +278,8 @@ def _count(module):
 
 
 @pytest.mark.parametrize("family,name", [("opv2v_h", "gencomm_stage1_m1"), ("opv2v_h", "gencomm_stage1_m3"),
+                                         ("opv2v_h", "gencomm_stage1_m2"), ("opv2v_h", "gencomm_stage1_m4"),
+                                         ("opv2v_h", "gencomm_stage2_m1_m2m3m4"),
                                          ("dairv2x", "gencomm_stage2_m1_m3"), ("v2xreal", "gencomm_stage2_m1_m3"),
                                          ("dairv2x", "m1_intermediate")])
 def test_shipped_configs_build_the_reference_architecture(family, name):
@@ -238,7 +287,8 @@ def test_shipped_configs_build_the_reference_architecture(family, name):
     c = model.channels
     for t, stack in model.encoders.items():
         assert _count(stack) == STACKS[(family, t)] + EXTRA.get((family, t), 0), (family, t)
-    assert model.grid.cell == (1.6, 1.6) and model.grid.shape == (64, 128)
+    # the camera stage 1 runs on the reference's +-51.2 m square
+    assert model.grid.cell == (1.6, 1.6) and model.grid.shape == ((64, 64) if name in CAMERA_STAGE1 else (64, 128))
     classes = model.anchor_gen.num_classes
     k = model.anchor_gen.num_per_loc // classes  # the reference's anchor_number (rotations)
     # heads: cls anchor_number * num_class^2, reg 7 * anchor_number * num_class (1x1 convs with bias)
@@ -259,3 +309,5 @@ def test_shipped_configs_build_the_reference_architecture(family, name):
 def test_the_reference_m1_sizes_the_issue_names():
     assert _base_bev(64, *PP3) == 6_577_408  # plain BaseBEVBackbone (the issue: 6.6M; the residual one 11.4M)
     assert _message(128) == 103_028 and _unet(128) == 43_176 and _enhancer_read(128) == 144_256
+    # the camera encoders' figures in docs/interop.md (EfficientNet-B0 for m2, ResNet-101 for m4)
+    assert _lss("efficientnet_b0") == 12_942_636 and _lss("resnet101") == 1_535_216
