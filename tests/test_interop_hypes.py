@@ -61,7 +61,7 @@ def test_gencomm_stage1_pointpillars_converts_loads_and_builds(tmp_path, capsys)
     assert m["link"]["message"] == {"variant": "reference", "message_channels": 2}
     assert m["link"]["enhancer"] == {"variant": "reference"} and m["link"]["generation_weight"] == 1.0
     assert m["anchors"]["rotations"] == [0.0, math.pi / 2]
-    assert m["loss"]["smooth_l1_beta"] == pytest.approx(1 / 9)
+    assert m["loss"]["smooth_l1_beta"] == pytest.approx(1 / 9) and m["loss"]["pos_cls_weight"] == 2.0
     t = cfg.train
     assert (t.epochs, t.batch_size, t.lr, t.weight_decay, t.milestones, t.gamma, t.val_every) == (
         20, 2, 0.002, 1e-4, [10, 15], 0.1, 2)

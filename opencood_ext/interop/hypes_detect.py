@@ -94,7 +94,7 @@ def loss_weights(r: HypesReader) -> dict:
     loss = {}
     for key, ours in (("cls.weight", "cls_weight"), ("reg.weight", "box_weight"), ("dir.weight", "dir_weight"),
                       ("cls.alpha", "focal_alpha"), ("cls.gamma", "focal_gamma"), ("cls_weight", "cls_weight"),
-                      ("reg", "box_weight")):
+                      ("reg", "box_weight"), ("pos_cls_weight", "pos_cls_weight")):
         if r.has(f"loss.args.{key}"):
             loss[ours] = r.get(f"loss.args.{key}")
     if r.has("loss.args.reg.sigma"):

@@ -375,8 +375,7 @@ KEYS: Dict[str, Rule] = {
     "loss.core_method": Fixed(("point_pillar_loss", "point_pillar_depth_loss", "point_pillar_pyramid_loss", "point_pillar_gencomm_loss",
                                "point_pillar_v2xreal_loss", "point_pillar_v2xreal_gencomm_loss"),
                               "detection loss"),
-    "loss.args.pos_cls_weight": Dropped("our focal loss weighs positive anchors 1 (the reference: "
-                                        "pos_cls_weight)"),
+    "loss.args.pos_cls_weight": Mapped("model.loss.pos_cls_weight"),
     "loss.args.cls.type": Fixed(("SigmoidFocalLoss",), "classification loss"),
     "loss.args.cls.alpha": Mapped("model.loss.focal_alpha"),
     "loss.args.cls.gamma": Mapped("model.loss.focal_gamma"),
