@@ -1,19 +1,8 @@
 """Every key of a HEAL / GenComm-reference ("hypes") yaml the importer knows, and what it does with it.
 
 A key path is dotted; ``<m>`` stands for a modality name (``m1``, ``m2``, ...);
-lists are leaves. Each known path has one rule:
-
-* :class:`Mapped` carried over exactly to ``target`` in our config;
-* :class:`Approx` carried over to ``target``, but our module or procedure differs
-  (the reason is printed with the converted config);
-* :class:`Fixed` our implementation has exactly this behaviour: any other value
-  is refused;
-* :class:`Dropped` nothing to carry (bookkeeping, derived, or a no-op in the
-  reference's intermediate-fusion pipeline); the reason is printed;
-* :class:`Same` repeats another key or states a derivable width: the converter
-  checks that it agrees and refuses the file otherwise;
-* :class:`Refused` changes the reference's computation in a way this project
-  cannot reproduce: the file is refused, naming the key and why.
+lists are leaves. Each known path has one rule of :mod:`.hypes_rules` (Mapped,
+Approx, Fixed, Dropped, Same, Refused: what each does is said there).
 
 A key not in :data:`KEYS` is accepted with a warning (``not read by this
 project``): for the model families converted here (:data:`MODELS`) every key
@@ -29,49 +18,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Optional, Tuple
 
+from .hypes_rules import Approx, Dropped, Fixed, Mapped, Refused, Rule, Same, compile_pattern
 
-@dataclass(frozen=True)
-class Mapped:
-    target: str
-
-
-@dataclass(frozen=True)
-class Approx:
-    target: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Fixed:
-    allowed: Tuple
-    what: str
-
-
-@dataclass(frozen=True)
-class Dropped:
-    reason: str
-
-
-@dataclass(frozen=True)
-class Same:
-    """A repeat of key ``other`` (``<m>`` / ``<k>`` as in this key), checked by the reader;
-    or, with ``other`` None, a width the converter checks against the built model."""
-
-    what: str
-    other: Optional[str] = None
-
-
-@dataclass(frozen=True)
-class Refused:
-    """The reference computes something with this key that this project cannot: refused (any value)."""
-
-    reason: str
-
-
-Rule = Union[Mapped, Approx, Fixed, Dropped, Same, Refused]
 
 # core_method names of the reference -> our registry names
 ENCODERS: Dict[str, str] = {"point_pillar": "pointpillars", "second": "second", "lift_splat_shoot": "lss_reference"}
@@ -410,23 +360,7 @@ KEYS: Dict[str, Rule] = {
     "lr_scheduler.step_size": Mapped("train.milestones"),
 }
 
-# placeholders: <m> a modality name, <k> one key, <rest> the rest of the path, <name:a|b> one of the choices
-_SEGMENT = {"<m>": r"(?P<m>m\d+)", "<k>": r"(?P<k>[^.]+)", "<rest>": r"(?P<rest>.+)"}
-_CHOICE = re.compile(r"<(\w+):([\w|]+)>\Z")
-
-
-def _segment(s: str) -> str:
-    choice = _CHOICE.match(s)
-    if choice:
-        return f"(?P<{choice[1]}>{choice[2]})"
-    return _SEGMENT.get(s, re.escape(s))
-
-
-def _compile(pattern: str) -> "re.Pattern[str]":
-    return re.compile(r"\.".join(_segment(s) for s in pattern.split(".")) + r"\Z")
-
-
-_COMPILED = [(_compile(p), r) for p, r in KEYS.items()]
+_COMPILED = [(compile_pattern(p), r) for p, r in KEYS.items()]
 
 
 # Sections handed whole to a reference module's constructor (encoder, backbone, shrink header, the
@@ -437,7 +371,7 @@ STRICT_SECTIONS: Tuple[str, ...] = (
     "model.args.gencomm", "model.args.message_extractor", "model.args.<m>.<ar:adapter|reverter>",
     "loss_adapter",
 )
-_STRICT = [re.compile(_compile(p).pattern[:-2] + r"\.") for p in STRICT_SECTIONS]
+_STRICT = [re.compile(compile_pattern(p).pattern[:-2] + r"\.") for p in STRICT_SECTIONS]
 
 
 def strict_section(path: str) -> Optional[str]:
@@ -455,10 +389,3 @@ def rule_for(path: str) -> Optional[Tuple[Rule, Dict[str, str]]]:
         if found:
             return rule, found.groupdict()
     return None
-
-
-def other_key(rule: Same, segments: Dict[str, str]) -> Optional[str]:
-    """The key a :class:`Same` rule repeats, with this key's ``<m>`` / ``<k>`` filled in."""
-    if rule.other is None:
-        return None
-    return ".".join(segments.get(s[1:-1], s) if s in _SEGMENT else s for s in rule.other.split("."))

@@ -18,7 +18,8 @@ from typing import Any, Dict, Iterator, List, Tuple
 import yaml
 
 from ..config import ConfigError, parse_yaml, read_config_text
-from .hypes_keys import Approx, Dropped, Fixed, Refused, Same, other_key, rule_for, strict_section
+from .hypes_keys import rule_for, strict_section
+from .hypes_rules import Approx, Dropped, Fixed, Refused, Same, other_key
 
 # a top-level key in any of these makes a yaml a hypes file (our schema has none of them)
 MARKERS = ("root_dir", "yaml_parser", "train_params", "preprocess", "postprocess", "heter", "fusion",
