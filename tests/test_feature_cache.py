@@ -19,10 +19,8 @@ from opencood_ext.models.detector import CooperativeDetector
 from opencood_ext.models.feature_cache import FeatureCache, agent_slice, frozen, input_digests
 from opencood_ext.training.freeze import FreezePolicy
 
-RANGE = (-19.2, -19.2, -3.0, 19.2, 19.2, 1.0)
-VOXEL = (0.8, 0.8, 4.0)
-BACKBONE = {"layer_nums": [1], "layer_strides": [2], "num_filters": [8], "upsample_strides": [1],
-            "num_upsample_filters": [8]}
+from test_registry_contract import BACKBONE, GENCOMM, RANGE, VOXEL  # the contract's tiny sizes
+
 TYPES = {"m1": {"encoder": {"type": "pointpillars", "voxel_size": list(VOXEL), "num_filters": [8]},
                 "backbone": BACKBONE, "shrink_channels": 8},
          "m2": {"encoder": {"type": "lss", "voxel_size": list(VOXEL), "channels": [8, 8, 8],
@@ -30,7 +28,6 @@ TYPES = {"m1": {"encoder": {"type": "pointpillars", "voxel_size": list(VOXEL), "
                 "backbone": BACKBONE, "shrink_channels": 8},
          "m3": {"encoder": {"type": "pointpillars", "voxel_size": list(VOXEL), "num_filters": [16]},
                 "backbone": BACKBONE, "shrink_channels": 8}}
-GENCOMM = {"type": "gencomm", "message": {"hidden_channels": 8}, "generator": {"base_channels": 8}}
 DATA = {"m1": AgentTypeData(), "m2": AgentTypeData(sensor="camera", image_size=[48, 64], use_depth=True),
         "m3": AgentTypeData()}
 

@@ -181,6 +181,20 @@ def _per_class(value, classes: torch.Tensor) -> torch.Tensor:
     return table[classes]
 
 
+def _target_inputs(anchors, gt_boxes, gt_classes, anchor_classes, who: str):
+    """(anchors (N, 7), gt (G, 7) float32, anchor classes (N,), gt classes (G,) long; class 0 when
+    not given), checked; ValueError naming ``who`` on a shape mismatch."""
+    anchors = torch.as_tensor(anchors, dtype=torch.float32)
+    gt = torch.as_tensor(gt_boxes, dtype=torch.float32).reshape(-1, 7)
+    n, g = anchors.shape[0], gt.shape[0]
+    a_cls = torch.zeros(n, dtype=torch.long) if anchor_classes is None else torch.as_tensor(anchor_classes).long()
+    g_cls = torch.zeros(g, dtype=torch.long) if gt_classes is None else torch.as_tensor(gt_classes).long()
+    if a_cls.shape != (n,) or g_cls.shape != (g,):
+        raise ValueError(f"{who}: anchor_classes must be ({n},) and gt_classes ({g},); got "
+                         f"{tuple(a_cls.shape)}, {tuple(g_cls.shape)}")
+    return anchors, gt, a_cls, g_cls
+
+
 def assign_targets(anchors: torch.Tensor, gt_boxes: torch.Tensor,
                    pos_iou: Union[float, Sequence[float]] = 0.6,
                    neg_iou: Union[float, Sequence[float]] = 0.45,
@@ -197,14 +211,8 @@ def assign_targets(anchors: torch.Tensor, gt_boxes: torch.Tensor,
     from opencood_ext.geometry.iou import bev_iou
 
     coder = coder or BoxCoder()
-    anchors = torch.as_tensor(anchors, dtype=torch.float32)
-    gt = torch.as_tensor(gt_boxes, dtype=torch.float32).reshape(-1, 7)
+    anchors, gt, a_cls, g_cls = _target_inputs(anchors, gt_boxes, gt_classes, anchor_classes, "assign_targets")
     n, g = anchors.shape[0], gt.shape[0]
-    a_cls = torch.zeros(n, dtype=torch.long) if anchor_classes is None else torch.as_tensor(anchor_classes).long()
-    g_cls = torch.zeros(g, dtype=torch.long) if gt_classes is None else torch.as_tensor(gt_classes).long()
-    if a_cls.shape != (n,) or g_cls.shape != (g,):
-        raise ValueError(f"assign_targets: anchor_classes must be ({n},) and gt_classes ({g},); got "
-                         f"{tuple(a_cls.shape)}, {tuple(g_cls.shape)}")
     labels = torch.zeros(n, dtype=torch.long)
     matched = torch.full((n,), -1, dtype=torch.long)
     if g:
@@ -264,14 +272,9 @@ def assign_targets_reference(anchors: torch.Tensor, gt_boxes: torch.Tensor,
     ``neg_iou`` and it is no box's best anchor; else ignored. Multi-class: IoUs across classes are 0
     (the reference's single-class rule per class)."""
     coder = coder or BoxCoder()
-    anchors = torch.as_tensor(anchors, dtype=torch.float32)
-    gt = torch.as_tensor(gt_boxes, dtype=torch.float32).reshape(-1, 7)
+    anchors, gt, a_cls, g_cls = _target_inputs(anchors, gt_boxes, gt_classes, anchor_classes,
+                                               "assign_targets_reference")
     n, g = anchors.shape[0], gt.shape[0]
-    a_cls = torch.zeros(n, dtype=torch.long) if anchor_classes is None else torch.as_tensor(anchor_classes).long()
-    g_cls = torch.zeros(g, dtype=torch.long) if gt_classes is None else torch.as_tensor(gt_classes).long()
-    if a_cls.shape != (n,) or g_cls.shape != (g,):
-        raise ValueError(f"assign_targets_reference: anchor_classes must be ({n},) and gt_classes ({g},); got "
-                         f"{tuple(a_cls.shape)}, {tuple(g_cls.shape)}")
     labels = torch.zeros(n, dtype=torch.long)
     matched = torch.full((n,), -1, dtype=torch.long)
     if g:
