@@ -195,6 +195,22 @@ def _target_inputs(anchors, gt_boxes, gt_classes, anchor_classes, who: str):
     return anchors, gt, a_cls, g_cls
 
 
+def _targets(labels, matched, anchors, gt, g_cls, coder) -> Targets:
+    """Labels (N,) and matched box per anchor (N,) -> Targets: box, direction and class targets of
+    the positives (both assigners end here)."""
+    n = anchors.shape[0]
+    pos = labels == 1
+    reg = torch.zeros(n, 7)
+    dirs = torch.zeros(n, dtype=torch.long)
+    gt_class = torch.full((n,), -1, dtype=torch.long)
+    if bool(pos.any()):
+        m = matched[pos]
+        reg[pos] = coder.encode(gt[m], anchors[pos])
+        dirs[pos] = coder.dir_target(gt[m, 6])
+        gt_class[pos] = g_cls[m]
+    return Targets(labels=labels, gt_class=gt_class, matched_gt=matched, reg_targets=reg, dir_targets=dirs)
+
+
 def assign_targets(anchors: torch.Tensor, gt_boxes: torch.Tensor,
                    pos_iou: Union[float, Sequence[float]] = 0.6,
                    neg_iou: Union[float, Sequence[float]] = 0.45,
@@ -228,16 +244,7 @@ def assign_targets(anchors: torch.Tensor, gt_boxes: torch.Tensor,
         a_idx, g_idx = is_best.nonzero(as_tuple=True)
         labels[a_idx] = 1
         matched[a_idx] = g_idx
-    pos = labels == 1
-    reg = torch.zeros(n, 7)
-    dirs = torch.zeros(n, dtype=torch.long)
-    gt_class = torch.full((n,), -1, dtype=torch.long)
-    if bool(pos.any()):
-        m = matched[pos]
-        reg[pos] = coder.encode(gt[m], anchors[pos])
-        dirs[pos] = coder.dir_target(gt[m, 6])
-        gt_class[pos] = g_cls[m]
-    return Targets(labels=labels, gt_class=gt_class, matched_gt=matched, reg_targets=reg, dir_targets=dirs)
+    return _targets(labels, matched, anchors, gt, g_cls, coder)
 
 
 def standup_iou_reference(anchors: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
@@ -295,13 +302,4 @@ def assign_targets_reference(anchors: torch.Tensor, gt_boxes: torch.Tensor,
         matched = torch.where(first_above < g, first_above, torch.where(is_best, best_gt, matched))
         neg = (iou < neg_t[:, None]).all(dim=1) & ~is_best
         labels = torch.where(pos, 1, torch.where(neg, 0, -1)).long()
-    pos = labels == 1
-    reg = torch.zeros(n, 7)
-    dirs = torch.zeros(n, dtype=torch.long)
-    gt_class = torch.full((n,), -1, dtype=torch.long)
-    if bool(pos.any()):
-        m = matched[pos]
-        reg[pos] = coder.encode(gt[m], anchors[pos])
-        dirs[pos] = coder.dir_target(gt[m, 6])
-        gt_class[pos] = g_cls[m]
-    return Targets(labels=labels, gt_class=gt_class, matched_gt=matched, reg_targets=reg, dir_targets=dirs)
+    return _targets(labels, matched, anchors, gt, g_cls, coder)
