@@ -2,7 +2,7 @@
 
     gencomm-sim -o DIR [--scenarios N] [--frames M] [--seed S]
         [--split_ratio 0.6 0.2 0.2] [--no_cameras] [--camera_size WxH]
-        [--agent_types RIG.yaml] [--workers N]
+        [--agent_types RIG.yaml] [--workers N] [--family junction|road|free|mixed]
 
 Writes ``DIR/{train,validate,test}/<scenario>/...`` (64-beam ``.pcd``,
 ``_32.pcd`` / ``_16.pcd``, ``_camera{i}.png``, ``_depth{i}.png``, ``.yaml``,
@@ -14,6 +14,12 @@ HEAL's OPV2V-H loader looks for them; our reader finds them there too.
 A rerun skips finished scenarios; the same arguments give identical files, whatever
 ``--workers`` (processes recording scenarios side by side). From a checkout,
 ``python tools/simulate.py`` runs the same command.
+
+``--family`` (alias ``--layout``) picks the scene family: where the connected vehicles are
+(``junction``, the default: on the arms of one junction; ``road``: on the ego's street, same
+direction, oncoming or in a platoon; ``free``: anywhere near the ego; ``mixed``: junction and road
+scenarios in turn). Each scenario's family is ``scenario.layout`` in its ``data_protocol.yaml``
+(:func:`opencood_ext.sim.families.scenario_family` reads it back).
 """
 from __future__ import annotations
 
@@ -27,7 +33,8 @@ from pathlib import Path
 
 from opencood_ext.data.formats.layout import HETERO_FROM, HETERO_TO, hetero_tree
 from opencood_ext.sim.agent_types import DEFAULT_PATH, load_agent_types
-from opencood_ext.sim.builtin import LAYOUTS, AgentParams, BuiltinWorld, SimConfig
+from opencood_ext.sim.builtin import AgentParams, BuiltinWorld, SimConfig
+from opencood_ext.sim.families import DATASET_FAMILIES, MIXED, MIXED_CYCLE, check_family, scenario_layouts
 from opencood_ext.sim.recorder import record
 from opencood_ext.sim.town import TownParams
 from opencood_ext.sim.traffic import TrafficParams
@@ -72,9 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent_types", type=Path, default=DEFAULT_PATH, help="agent types and sensor rig yaml")
     p.add_argument("--vehicles", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
                    help="moving vehicles per scenario (default 20 60)")
-    p.add_argument("--layout", choices=LAYOUTS, default="junction",
-                   help="where the connected vehicles go: 'junction' (ego approaching a junction, collaborators "
-                        "on its other arms, so they see what the ego cannot) or 'free' (anywhere near the ego)")
+    p.add_argument("--family", "--layout", dest="layout", default="junction", metavar="|".join(DATASET_FAMILIES),
+                   help="scene family, where the connected vehicles go: 'junction' (ego approaching a junction, "
+                        "collaborators on its other arms, so they see what the ego cannot), 'road' (on the ego's "
+                        "street: ahead, behind, oncoming, platoons), 'free' (anywhere near the ego) or 'mixed' "
+                        "(junction and road scenarios in turn)")
     p.add_argument("--points_per_second", type=int, default=None, help="override the LiDAR rate (faster tests)")
     p.add_argument("--raster_res", type=float, default=0.25, help="ground raster cell, m")
     p.add_argument("--no_shadows", action="store_true", help="skip camera shadow rays")
@@ -115,12 +124,13 @@ def _record(args) -> int:
             raise ValueError(f"--tree heal: HEAL finds the 32/16-beam scans and depth images by replacing "
                              f"{HETERO_FROM!r} with {HETERO_TO!r} in the dataset path, so the output path must "
                              f"contain {HETERO_FROM!r} (e.g. -o data/{HETERO_FROM}); got {args.out}")
+    layouts = scenario_layouts(check_family(args.layout), args.scenarios)
     sensors = load_agent_types(args.agent_types)
     if args.points_per_second is not None:
         sensors = replace(sensors, lidar=replace(sensors.lidar, points_per_second=args.points_per_second))
     traffic = TrafficParams() if args.vehicles is None else TrafficParams(vehicles=tuple(args.vehicles))
     cfg = SimConfig(town=TownParams(raster_res=args.raster_res), traffic=traffic, sensors=sensors,
-                    agents=AgentParams(layout=args.layout),
+                    agents=AgentParams(layout=MIXED_CYCLE[0] if args.layout == MIXED else args.layout),
                     cameras=not args.no_cameras, camera_size=args.camera_size, camera_shadows=not args.no_shadows)
     settings = {"agent_types": _rig_id(args.agent_types), "camera_size": list(args.camera_size or ()),
                 "vehicles": list(traffic.vehicles), "points_per_second": sensors.lidar.points_per_second,
@@ -130,7 +140,7 @@ def _record(args) -> int:
         res = record(world, args.out, args.scenarios, args.frames, args.seed, args.split_ratio,
                      write_cameras=not args.no_cameras, pcd_data=args.pcd_data, progress=not args.quiet,
                      settings=settings, hetero_root=hetero, workers=args.workers,
-                     world_factory=partial(BuiltinWorld, cfg))
+                     world_factory=partial(BuiltinWorld, cfg), layouts=layouts)
     finally:
         world.close()
     side = f"; 32/16-beam scans and depth in {hetero}" if hetero else ""

@@ -3,7 +3,8 @@
 ``BuiltinWorld(SimConfig()).reset(seed)`` builds one scenario: a town
 (:mod:`town`), 20-60 moving vehicles plus parked ones (:mod:`traffic`), 2-5
 connected vehicles (cars spawned within ``spawn_radius`` of the first, well
-inside the 70 m communication range) and, with ``rsu_probability``, a
+inside the 70 m communication range; where depends on the scene family,
+``agents.layout``: see :mod:`families`) and, with ``rsu_probability``, a
 roadside unit (id -1) on a 4-6 m pole on the sidewalk at the junction
 nearest the first agent (beside it when no junction is within 50 m). Each
 ``tick()`` runs two 0.05 s traffic steps and returns a :class:`Frame` (10 Hz).
@@ -32,7 +33,9 @@ from opencood_ext.geometry import invert_transform, matrix_to_pose, pose_to_matr
 from . import meshes as M
 from .agent_types import AgentTypesConfig
 from .camera import CameraModel
+from .families import LAYOUTS
 from .lidar import LidarModel, LidarScan
+from .road_layout import place_on_road
 from .scene import RayScene, SurfaceTable
 from .town import TownParams, generate_town
 from .traffic import Traffic, TrafficParams, Vehicle
@@ -40,7 +43,6 @@ from .vehicles import GLASS, PAINT, PART_BODY, PART_GLASS, TYRE, vehicle_mesh
 from .world import AgentInfo, CameraSpec
 
 
-LAYOUTS = ("junction", "free")
 RSU_POLE_ID = -1001  # object id of the roadside pole; -1 means 'no object' in the surface table
 
 
@@ -52,13 +54,20 @@ class AgentParams:
     comm_range: float = 70.0
     spawn_radius: float = 40.0                          # m: from the first agent, or the junction centre
     rsu_probability: float = 0.5
-    layout: str = "junction"                            # "junction" or "free" (module docstring)
+    layout: str = "junction"                            # one of LAYOUTS (module docstring)
     junction_distance: Tuple[float, float] = (8.0, 35.0)   # ego to junction centre, m
     min_arm_angle: float = 50.0                         # deg, ego vs collaborator bearing from the centre
+    road_gap: Tuple[float, float] = (6.0, 60.0)         # road: ego to collaborator centre along the street, m
+    oncoming_probability: float = 0.35                  # road: a collaborator drives the other way
+    platoon_probability: float = 0.3                    # road: some collaborators platoon in the ego's lane
+    platoon_gap: Tuple[float, float] = (4.0, 14.0)      # road: bumper to bumper in a platoon, m
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"agents.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if not 0.0 < self.road_gap[0] <= self.road_gap[1] < self.comm_range or self.platoon_gap[0] < 3.5:
+            raise ValueError(f"agents.road_gap must satisfy 0 < lo <= hi < comm_range ({self.comm_range}) and "
+                             f"agents.platoon_gap start at 3.5 m or more; got {self.road_gap}, {self.platoon_gap}")
 
 
 @dataclass
@@ -107,6 +116,7 @@ class BuiltinWorld:
         cams = self.cfg.sensors.cameras.specs(self.cfg.camera_size) if self.cfg.cameras else []
         self._camera_models = {c.name: CameraModel(c) for c in cams}
         self._seed: Optional[int] = None
+        self._layout = cfg.agents.layout    # this scenario's (``reset`` may override it)
         self._agents: List[_Agent] = []
         # per-ray ground truth of the last tick, for tests and debugging:
         self.last_camera_ids: Dict[Tuple[int, str], np.ndarray] = {}   # (agent, camera) -> (H, W) object ids
@@ -125,8 +135,12 @@ class BuiltinWorld:
         base = datetime.datetime(2024, 1, 1) + datetime.timedelta(seconds=(self._seed * 7919) % (365 * 86400))
         return base.strftime("%Y_%m_%d_%H_%M_%S")
 
-    def reset(self, seed: int) -> None:
+    def reset(self, seed: int, layout: Optional[str] = None) -> None:
+        """Build scenario ``seed``; ``layout`` (one of LAYOUTS) overrides ``agents.layout`` for it."""
         cfg = self.cfg
+        if layout is not None and layout not in LAYOUTS:
+            raise ValueError(f"BuiltinWorld.reset: layout must be one of {LAYOUTS}, got {layout!r}")
+        self._layout = cfg.agents.layout if layout is None else layout
         self._seed = int(seed)
         rng = np.random.default_rng(self._seed)
         self.town = generate_town(rng, cfg.town)
@@ -185,7 +199,7 @@ class BuiltinWorld:
                          "rsu_list": [a.info.agent_id for a in self._agents if a.info.is_rsu],
                          "agent_types": {str(a.info.agent_id): a.info.agent_type for a in self._agents},
                          "moving_vehicles": len(moving), "parked_vehicles": len(self.traffic.vehicles) - len(moving),
-                         "communication_range": cfg.agents.comm_range, "layout": cfg.agents.layout},
+                         "communication_range": cfg.agents.comm_range, "layout": self._layout},
         }
 
     def close(self) -> None:
@@ -212,7 +226,8 @@ class BuiltinWorld:
         """Connected vehicles first (``layout``), then the rest of the traffic."""
         cfg, tr = self.cfg, self.traffic
         n_cav = int(rng.integers(cfg.agents.count[0], cfg.agents.count[1] + 1))
-        place = self._place_at_junction if cfg.agents.layout == "junction" else self._place_free
+        place = {"junction": self._place_at_junction, "free": self._place_free,
+                 "road": lambda rng_, n: place_on_road(tr, rng_, n, cfg.agents)}[self._layout]
         for _ in range(30):
             cavs = place(rng, n_cav)
             if len(cavs) == n_cav:
@@ -220,7 +235,7 @@ class BuiltinWorld:
             for v in cavs:
                 tr.vehicles.remove(v)
         else:
-            raise RuntimeError(f"could not place {n_cav} connected vehicles (layout {cfg.agents.layout!r}, "
+            raise RuntimeError(f"could not place {n_cav} connected vehicles (layout {self._layout!r}, "
                                f"spawn_radius {cfg.agents.spawn_radius} m) in 30 tries")
         total = int(rng.integers(cfg.traffic.vehicles[0], cfg.traffic.vehicles[1] + 1))
         tr.spawn_moving(max(0, total - n_cav))

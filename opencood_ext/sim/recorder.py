@@ -89,6 +89,7 @@ class _Job:
     run: dict
     write_cameras: bool
     pcd_data: str
+    layout: Optional[str] = None   # the scene family of this scenario (None: the world's own)
 
 
 def _record_scenario(world: World, job: _Job, seen: Optional[set] = None,
@@ -97,7 +98,10 @@ def _record_scenario(world: World, job: _Job, seen: Optional[set] = None,
     A name in ``seen`` (scenario names already used; this one is added) is refused before anything
     is written."""
     out, het, split = job.out, job.het, job.split
-    world.reset(job.seed)
+    if job.layout is None:
+        world.reset(job.seed)
+    else:
+        world.reset(job.seed, layout=job.layout)
     name = world.scenario
     if seen is not None:
         if name in seen:
@@ -179,7 +183,8 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
            split_ratio: Sequence[float] = (0.6, 0.2, 0.2), write_cameras: bool = True,
            pcd_data: str = "binary", progress: bool = True, settings: Optional[dict] = None,
            hetero_root=None, workers: int = 1,
-           world_factory: Optional[Callable[[], World]] = None) -> RecordResult:
+           world_factory: Optional[Callable[[], World]] = None,
+           layouts: Optional[Sequence[str]] = None) -> RecordResult:
     """Simulate ``scenarios`` x ``frames`` and write them under ``out``.
 
     ``settings`` (plain YAML types) is stored in each ``data_protocol.yaml``
@@ -192,7 +197,9 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
     building its world with ``world_factory`` (picklable, e.g.
     ``functools.partial(BuiltinWorld, cfg)``); ``world`` is then not used. A
     scenario depends only on its own seed, so the files are the same for any
-    ``workers``. A repeated scenario name (an unlucky ``seed``) is refused
+    ``workers``. ``layouts``: the scene family of each scenario index, passed to
+    ``world.reset(seed, layout=...)`` (:func:`opencood_ext.sim.families.scenario_layouts`; None: the
+    world's own; ``settings`` should name the plan, so that markers of another plan are not trusted). A repeated scenario name (an unlucky ``seed``) is refused
     before its files are written with one worker, after the run with several.
     """
     if scenarios < 1 or frames < 1:
@@ -201,6 +208,8 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
     marks = out / MARKER_DIR
     marks.mkdir(parents=True, exist_ok=True)
     plan = split_plan(scenarios, split_ratio)
+    if layouts is not None and len(layouts) != scenarios:
+        raise ValueError(f"record: layouts needs one scene family per scenario ({scenarios}), got {len(layouts)}")
     het = None if hetero_root is None else Path(hetero_root)
     run = {"seed": int(seed), "frames": int(frames), "pcd_data": pcd_data, "cameras": bool(write_cameras),
            "format": WRITER_FORMAT, "hetero_tree": None if het is None else het.name, **(settings or {})}
@@ -217,7 +226,8 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
             result.assignment[done["scenario"]] = done["assignment"]
             result.splits[done["scenario"]] = split
         else:
-            todo.append(_Job(k, split, sseed, frames, out, het, run, write_cameras, pcd_data))
+            todo.append(_Job(k, split, sseed, frames, out, het, run, write_cameras, pcd_data,
+                             None if layouts is None else layouts[k]))
     bar = tqdm(total=scenarios * frames, initial=(scenarios - len(todo)) * frames, unit="frame",
                disable=not progress, desc="simulate")
     try:

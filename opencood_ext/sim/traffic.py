@@ -109,18 +109,32 @@ class Traffic:
             lane = lanes[int(self.rng.choice(len(lanes), p=weights / weights.sum()))]
             margin = veh.size[0] / 2 + 1.0
             s = float(self.rng.uniform(margin, max(margin, lane.length - 15.0)))
-            (x, y), yaw = lane.sample(s)
-            if near is not None and np.hypot(x - near[0], y - near[1]) > near[2]:
-                continue
-            if not self._free(x, y, veh.size[0]):
-                continue
-            veh.route, veh.s, veh.x, veh.y, veh.yaw = [lane.lane_id], s, float(x), float(y), float(yaw)
-            veh.v = 0.5 * lane.speed_limit * veh.desired
-            self._extend(veh)
-            self._place(veh)
-            self.vehicles.append(veh)
-            placed.append(veh)
+            if near is not None:
+                (x, y), _ = lane.sample(s)
+                if np.hypot(x - near[0], y - near[1]) > near[2]:
+                    continue
+            if self.put_on_lane(veh, lane.lane_id, s):
+                placed.append(veh)
         return placed
+
+    def new_vehicle(self, cls_name: str = "") -> Vehicle:
+        """A moving vehicle of class ``cls_name`` (any class when empty), not yet on the road."""
+        return self._new(cls_name)
+
+    def put_on_lane(self, veh: Vehicle, lane_id: int, s: float) -> bool:
+        """Put ``veh`` with its centre at arclength ``s`` of lane ``lane_id`` at half its desired
+        speed, when no other vehicle is within half their lengths + 3 m; False (nothing changed)
+        when one is."""
+        lane = self.net.lanes[lane_id]
+        (x, y), yaw = lane.sample(s)
+        if not self._free(x, y, veh.size[0]):
+            return False
+        veh.route, veh.s, veh.x, veh.y, veh.yaw = [lane.lane_id], s, float(x), float(y), float(yaw)
+        veh.v = 0.5 * lane.speed_limit * veh.desired
+        self._extend(veh)
+        self._place(veh)
+        self.vehicles.append(veh)
+        return True
 
     def spawn_parked(self) -> List[Vehicle]:
         """Cars and vans along the parking strips (static, labelled)."""
