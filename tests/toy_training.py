@@ -85,7 +85,7 @@ class ToyModel(nn.Module):
 
     def loss(self, output: torch.Tensor, batch: ToyBatch) -> LossOutput:
         mse = ((output - batch.y) ** 2).mean()
-        return LossOutput(total=mse, parts={"mse": mse, "abs": (output - batch.y).abs().mean()})
+        return LossOutput(total=mse, parts={"mse": mse, "abs": (output - batch.y).abs().mean()}, detection=mse)
 
 
 def kill_while_writing(name: str, k) -> None:

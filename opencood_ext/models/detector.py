@@ -343,7 +343,7 @@ class CooperativeDetector(nn.Module):
         for k, v in out.losses.items():
             parts[k] = v
             total = total + v
-        return LossOutput(total=total, parts=parts)
+        return LossOutput(total=total, parts=parts, detection=terms.total)  # cls + box + dir
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()

@@ -12,7 +12,7 @@ costs nothing there; the direction bins resolve that ambiguity.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +35,14 @@ def sigmoid_focal_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: float
 @dataclass
 class LossOutput:
     """What a model's ``loss(output, batch)`` returns (the training engine's contract):
-    ``total`` (scalar tensor to minimise), ``parts`` (name -> scalar tensor, for logging)."""
+    ``total`` (scalar tensor to minimise), ``parts`` (name -> scalar tensor, for logging),
+    ``detection`` (scalar tensor: the task's own terms alone, for a detector the weighted
+    classification + box + direction terms, without auxiliary terms such as generation MSE,
+    camera depth or occupancy; validation selects ``best.pth`` on it, ``train.select_on``;
+    None: the model does not say, and only ``select_on: total_loss`` can select for it)."""
     total: torch.Tensor
     parts: Dict[str, torch.Tensor] = field(default_factory=dict)
+    detection: Optional[torch.Tensor] = None
 
 
 @dataclass

@@ -4,7 +4,7 @@ Checkpoint files (written by rank 0 only; their names: :class:`~opencood_ext.run
 
     checkpoints/epoch_{n}.pth   after epoch n (1-based) finished
     checkpoints/latest.pth      newest state, end of an epoch or mid-epoch
-    checkpoints/best.pth        state with the best validation loss so far
+    checkpoints/best.pth        state with the best validation score so far (selection.py)
 
 Every file is written to a temporary file in the same folder, fsynced and
 then ``os.replace``d over the target, so a reader (or a resume after SIGKILL)
@@ -20,7 +20,7 @@ Checkpoint dict (``CHECKPOINT_KEYS``, ``format_version`` 2):
 - ``step_in_epoch``: optimizer steps already done in epoch ``epoch + 1``
   (0 at an epoch boundary)
 - ``global_step``: optimizer steps since the start of training
-- ``best_val``: best mean validation loss so far, or None
+- ``best_val``: lowest validation selection score so far (``config['select_on']``, selection.py), or None
 - ``history``: list of per-epoch dicts (see ``trainer.TrainResult``)
 - ``rng``: list of per-rank RNG states (:func:`capture_rng_state`), tensors and plain types only
 - ``world_size``, ``batch_size``: the layout the step counter refers to

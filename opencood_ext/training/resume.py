@@ -3,8 +3,9 @@ up again from its run folder's resume point (or starts from imported weights).
 
 :class:`Resumable` is a base of :class:`~opencood_ext.training.trainer.Trainer`; it reads the
 attributes the Trainer sets up (``model``, ``optimizer``, ``scheduler``, ``scaler``, ``config``,
-``dist``, ``run_dir``, the counters ``epoch`` / ``step_in_epoch`` / ``global_step``, ``best_val``,
-``history`` and the running epoch sums ``_acc``). What it does to the folder before loading (find
+``dist``, ``run_dir``, the counters ``epoch`` / ``step_in_epoch`` / ``global_step``, ``best_val`` /
+``best_epoch`` / ``select_on`` (model selection, :mod:`.selection`), ``history`` and the running epoch
+sums ``_acc``). What it does to the folder before loading (find
 the resume point, clean up after a kill, the one-writer lock) is :mod:`.runfolder`'s; the checkpoint
 format is :mod:`.checkpoint`'s. Saving stays with the training loop (``Trainer._save``), which
 decides when.
@@ -20,6 +21,7 @@ from . import distributed as D
 from .checkpoint import (FORMAT_VERSION, CheckpointError, check_optimizer_fits, check_weights_fit, restore_rng_state,
                          seed_everything)
 from .runfolder import WriterLock, prepare_run_folder
+from .selection import LEGACY_SELECT_ON, recorded_best_epoch
 
 log = logging.getLogger("opencood_ext.training")
 
@@ -37,7 +39,7 @@ class Resumable:
                 "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
                 "best_val": self.best_val, "history": list(self.history),
                 "world_size": self.dist.world_size, "batch_size": self.config.batch_size,
-                "config": dataclasses.asdict(self.config)}
+                "config": {**dataclasses.asdict(self.config), "select_on": self.select_on}}  # the run's own rule
 
     def restore(self) -> bool:
         """Load the run folder's resume point (if any) into model, optimizer, scheduler,
@@ -100,10 +102,15 @@ class Resumable:
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         self.global_step, self.best_val = state["global_step"], state["best_val"]
         self.history = list(state["history"])
+        self.best_epoch = recorded_best_epoch(self.history, self.best_val)
         now = dataclasses.asdict(self.config)
-        changed = sorted(k for k in now if state["config"].get(k) != now[k] and k != "epochs")
+        changed = sorted(k for k in now if k not in ("epochs", "select_on") and state["config"].get(k) != now[k])
         if changed and self.dist.is_main:
             log.warning("resuming %s with changed train settings: %s", path, changed)
+        self.select_on = state["config"].get("select_on", LEGACY_SELECT_ON)  # best_val's scale: the run's own rule
+        if self.select_on != self.config.select_on and self.dist.is_main:
+            log.warning("%s: this run selects best.pth on its %s, as it started (train.select_on %s applies to "
+                        "new run folders)", path, self.select_on.replace("_", " "), self.config.select_on)
         same_layout = (state["world_size"] == self.dist.world_size and state["batch_size"] == self.config.batch_size
                        and state["config"].get("max_steps_per_epoch") == self.config.max_steps_per_epoch)
         if self.step_in_epoch and not same_layout:

@@ -4,7 +4,7 @@ Write order at the end of epoch N (rank 0)::
 
     1. the epoch record -> train_log.jsonl  (appended, flushed, fsynced)
     2. checkpoints/epoch_N.pth
-    3. checkpoints/best.pth                 (when the validation loss improved)
+    3. checkpoints/best.pth                 (when the validation score improved, selection.py)
     4. checkpoints/latest.pth               <- the commit point
 
 Each file is replaced atomically (checkpoint.atomic_write_bytes), so a kill at
@@ -56,6 +56,7 @@ from ..run_folder import CheckpointPaths, RunFolder
 from .checkpoint import (CheckpointError, UnsafeCheckpointError, _fsync_dir, atomic_write_bytes,
                          load_checkpoint)
 from .runlog import truncate_log
+from .selection import recorded_best_epoch
 
 log = logging.getLogger("opencood_ext.training")
 
@@ -163,11 +164,7 @@ def find_resume_state(paths: CheckpointPaths, map_location="cpu") -> Optional[Tu
 
 
 def _best_epoch(state: dict) -> Optional[int]:
-    best = state.get("best_val")
-    if best is None:
-        return None
-    hits = [h["epoch"] for h in state.get("history", []) if h.get("val_loss") == best]
-    return hits[-1] if hits else None
+    return recorded_best_epoch(state.get("history", []), state.get("best_val"))
 
 
 def reconcile_best(paths: CheckpointPaths, state: Optional[dict]) -> None:

@@ -19,7 +19,12 @@ class TrainConfig:
     grad_clip: max global L2 norm of the trainable gradients, None = off.
     log_every: steps between log lines / tensorboard points.
     val_every: validate every N epochs and after the last one; 0 = never.
-    max_val_batches: per-process cap on validation batches (quick runs), None = all.
+    max_val_batches: per-process cap on validation batches (quick runs), None = all (the whole
+    validation split: what best.pth should be selected on).
+    select_on: what picks best.pth among the validated epochs (lowest wins; noise fixed by seed,
+    training/selection.py): "detection_loss" = the detection terms alone (classification, box,
+    direction; not generation MSE, camera depth or other auxiliary terms), "total_loss" = the
+    total that training minimises. latest.pth (the last epoch) is kept beside it either way.
     seed: seeds python/numpy/torch (+ rank) and the per-epoch sample order.
     shuffle / drop_last: train sample order and incomplete last batch.
     max_steps_per_epoch: cap on optimizer steps per epoch (quick runs), None = full epoch.
@@ -58,6 +63,7 @@ class TrainConfig:
     log_every: int = 10
     val_every: int = 1
     max_val_batches: Optional[int] = None
+    select_on: Literal["detection_loss", "total_loss"] = "detection_loss"
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
@@ -90,6 +96,8 @@ class TrainConfig:
                 raise bad(name, ">= 0")
         if self.amp not in (None, "bf16", "fp16"):
             raise bad("amp", "None, bf16 or fp16")
+        if self.select_on not in ("detection_loss", "total_loss"):
+            raise bad("select_on", "detection_loss or total_loss")
         if self.optimizer not in ("adam", "adamw", "sgd"):
             raise bad("optimizer", "adam, adamw or sgd")
         if self.lr_scheduler not in (None, "multistep", "cosine"):

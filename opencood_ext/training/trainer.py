@@ -4,7 +4,8 @@ Contract with the rest of the project
 -------------------------------------
 - ``model``: an ``nn.Module`` with ``forward(batch) -> output`` and
   ``loss(output, batch) -> LossOutput`` (``total``: scalar tensor to minimise,
-  ``parts``: named scalar tensors for logging). The loss of a batch is taken
+  ``parts``: named scalar tensors for logging, ``detection``: the detection terms
+  alone, what ``best.pth`` is selected on by default). The loss of a batch is taken
   to be a per-sample mean; validation weights batches by their sample count.
 - ``batch``: whatever ``collate_fn`` returns; it must have ``.to(device)``
   returning the same type on ``device`` (and ``.batch_size``, its sample count,
@@ -12,7 +13,9 @@ Contract with the rest of the project
   frames only: with a dataset whose ``may_skip`` is True the step is left out (on
   every rank alike under DDP).
 - ``train_set`` / ``val_set``: map-style ``torch.utils.data.Dataset``s
-  (``val_set`` may be None: no validation, no ``best.pth``).
+  (``val_set`` may be None: no validation, no ``best.pth``). Validation covers the
+  whole split (unless ``max_val_batches``), with its random draws fixed by seed, and
+  ``best.pth`` is the epoch with the lowest ``select_on`` score: :mod:`.selection`.
 - ``param_filter``: None (train every parameter that requires grad), a
   :class:`~opencood_ext.training.freeze.FreezePolicy`, or ``callable(model) ->
   iterable of trainable parameters``.
@@ -20,10 +23,11 @@ Contract with the rest of the project
 Run folder (rank 0 writes; ``config.yaml`` is the CLI's; names: :class:`~opencood_ext.run_folder.RunFolder`)::
 
     checkpoints/{epoch_N,latest,best}.pth   see checkpoint.py; saving and resuming: resume.py
+                                            (latest.pth of a finished run: its last epoch)
     tb/                                     tensorboard scalars
     train_log.jsonl                         one JSON object a line:
         {"kind": "step", "epoch", "step", "global_step", "lr", "loss", <parts>}
-        {"kind": "epoch", <TrainResult.history entry>}
+        {"kind": "epoch", <TrainResult.history entry>}   (val_loss, val_detection_loss, best_epoch)
         {"kind": "resume", "epoch", "step_in_epoch", "global_step"}
 
 Epochs are numbered from 1. Resume: ``fit()`` on a run folder holding
@@ -73,6 +77,7 @@ from .freeze import PolicyLike, resolve_policy
 from .resume import Resumable
 from .runfolder import WriterLock
 from .runlog import RunLog
+from .selection import VAL_SEED_OFFSET, fixed_noise, score_key
 from .train_config import TrainConfig
 
 log = logging.getLogger("opencood_ext.training")
@@ -87,10 +92,15 @@ class TrainResult:
     process group; a mid-epoch checkpoint carries the partial sums, so a resumed
     epoch reports the same means), ``steps``, ``time_s`` (training time of the
     epoch, the part before a mid-epoch checkpoint included), and when validated
-    ``val_loss`` + ``val_<part>``.
+    ``val_loss`` (total) + ``val_detection_loss`` (when the model returns it) + ``val_<part>``
+    and ``best_epoch`` (the epoch ``best.pth`` holds after this one).
+    best_val / best_epoch: the lowest selection score (``select_on``) and its epoch (None: never
+    validated). select_on: what selected ``best.pth`` (a resumed run keeps the rule it started with).
     """
     epochs_done: int
     best_val: Optional[float]
+    best_epoch: Optional[int]
+    select_on: str
     history: List[dict]
     wall_time_s: float
     trainable_params: int
@@ -151,7 +161,9 @@ class Trainer(Resumable):
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.amp == "fp16")
         self.paths = RunFolder(self.run_dir).checkpoints
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
-        self.best_val: Optional[float] = None
+        self.best_val: Optional[float] = None  # lowest selection score so far (select_on), its epoch:
+        self.best_epoch: Optional[int] = None
+        self.select_on: str = config.select_on  # a resumed run keeps its own (resume.py)
         self.history: List[dict] = []
         self._log: Optional[RunLog] = None
         self._lock: Optional[WriterLock] = None  # rank 0's hold on the run folder, restore() to fit()'s end
@@ -287,7 +299,13 @@ class Trainer(Resumable):
 
     @torch.no_grad()
     def validate(self) -> Dict[str, float]:
-        """Sample-weighted mean validation loss (+ parts) over all ranks' shards."""
+        """Sample-weighted mean validation losses over all ranks' shards: ``val_loss`` (total),
+        ``val_detection_loss`` (when the model returns ``LossOutput.detection``), ``val_<part>``.
+
+        Every batch of the split unless ``max_val_batches``; every random draw inside comes from
+        generators seeded with ``seed + VAL_SEED_OFFSET + rank`` and the training run's generators
+        are left as they were (:func:`~.selection.fixed_noise`): the same weights give the same
+        losses in every pass, and validating does not change what training draws next."""
         if self.val_set is None:
             raise ValueError("Trainer.validate: no val_set")
         cfg = self.config
@@ -297,20 +315,27 @@ class Trainer(Resumable):
         self.model.eval()
         sums: Dict[str, torch.Tensor] = {}
         count = 0
-        for ids, batch in zip(batches, loader):
-            if batch is None:  # bad frames only (skip_bad_frames)
-                continue
-            n = getattr(batch, "batch_size", len(ids))  # fewer than len(ids) when bad frames were left out
-            batch = batch.to(self.device)
-            with self._autocast():
-                loss = self.model.loss(self.model(batch), batch)
-            for k, v in [("loss", loss.total)] + list(loss.parts.items()):
-                sums[k] = sums.get(k, 0.0) + v.detach().double() * n
-            count += n
+        with fixed_noise(cfg.seed + VAL_SEED_OFFSET + self.dist.rank, self.device):
+            for ids, batch in zip(batches, loader):
+                if batch is None:  # bad frames only (skip_bad_frames)
+                    continue
+                n = getattr(batch, "batch_size", len(ids))  # fewer than len(ids) when bad frames were left out
+                batch = batch.to(self.device)
+                with self._autocast():
+                    loss = self.model.loss(self.model(batch), batch)
+                if loss.detection is None and self.select_on == "detection_loss":
+                    raise TypeError(f"{type(self.model).__name__}.loss returns no LossOutput.detection, which "
+                                    f"train.select_on: detection_loss selects best.pth on; return the detection "
+                                    f"terms there, or set train.select_on: total_loss")
+                terms = [("loss", loss.total)] + ([("detection_loss", loss.detection)] if loss.detection is not None
+                                                  else []) + list(loss.parts.items())
+                for k, v in terms:
+                    sums[k] = sums.get(k, 0.0) + v.detach().double() * n
+                count += n
         if was_training:
             self.policy.train_mode(self.model)
         means = D.all_reduce_means({k: float(v) for k, v in sums.items()}, float(count))
-        return {"val_" + k if k != "loss" else "val_loss": v for k, v in means.items()}
+        return {"val_" + k: v for k, v in means.items()}
 
     def fit(self) -> TrainResult:
         """Train to ``config.epochs`` (resuming from ``run_dir`` when it holds latest.pth)."""
@@ -332,9 +357,11 @@ class Trainer(Resumable):
                 improved = False
                 if self.val_set is not None and cfg.val_every and (epoch % cfg.val_every == 0 or epoch == cfg.epochs):
                     record.update(self.validate())
-                    improved = self.best_val is None or record["val_loss"] < self.best_val
+                    score = record[score_key(self.select_on)]
+                    improved = self.best_val is None or score < self.best_val
                     if improved:
-                        self.best_val = record["val_loss"]
+                        self.best_val, self.best_epoch = score, epoch
+                    record["best_epoch"] = self.best_epoch
                 if self.scheduler is not None:
                     self.scheduler.step()
                 self.epoch, self.step_in_epoch = epoch, 0
@@ -352,6 +379,10 @@ class Trainer(Resumable):
                 self._log = None
             self._release()
         D.barrier()
-        return TrainResult(epochs_done=self.epoch, best_val=self.best_val, history=list(self.history),
+        if self.dist.is_main and self.best_epoch is not None:
+            log.info("best.pth: epoch %d of %d (lowest validation %s, %.4g); latest.pth: epoch %d", self.best_epoch,
+                     self.epoch, self.select_on.replace("_", " "), self.best_val, self.epoch)
+        return TrainResult(epochs_done=self.epoch, best_val=self.best_val, best_epoch=self.best_epoch,
+                           select_on=self.select_on, history=list(self.history),
                            wall_time_s=time.time() - t0, trainable_params=self.trainable_params,
                            global_step=self.global_step)
