@@ -27,10 +27,12 @@ def found_finished(out: Path, data: Path) -> List[str]:
 
 
 def simulate(data: Path, profile: Profile, seed: int) -> None:
-    """Write the dataset; the simulator skips finished scenarios, so a present dataset costs nothing."""
+    """Write the dataset (scene family ``profile.scene_family``); the simulator skips finished scenarios,
+    so a present dataset costs nothing."""
     w, h = profile.camera_size
     call(Command("gencomm-sim", ["-o", data, "--scenarios", profile.scenarios, "--frames", profile.frames,
-                                     "--seed", seed, "--split_ratio", *profile.split, "--camera_size", f"{w}x{h}"]))
+                                     "--seed", seed, "--split_ratio", *profile.split, "--camera_size", f"{w}x{h}",
+                                     "--family", profile.scene_family]))
 
 
 def test_set_root(data: Path) -> Path:
@@ -40,7 +42,8 @@ def test_set_root(data: Path) -> Path:
 
 def simulate_test_set(data: Path, profile: Profile, seed: int) -> Optional[Path]:
     """Write the separate test set (``profile.test_scenes`` scenes, all in the test split; camera images
-    only when the benchmark has a camera type); None when the profile tests on the dataset's own split."""
+    only when the benchmark has a camera type; scene family ``profile.scene_family``, so a ``mixed``
+    profile tests on both families); None when the profile tests on the dataset's own split."""
     if profile.test_scenes <= 0:
         return None
     root = test_set_root(data)
@@ -48,6 +51,7 @@ def simulate_test_set(data: Path, profile: Profile, seed: int) -> Optional[Path]
     w, h = profile.camera_size
     call(Command("gencomm-sim", ["-o", root, "--scenarios", profile.test_scenes, "--frames", profile.test_frames,
                                      "--seed", seed + TEST_SEED_OFFSET, "--split_ratio", "0", "0", "1",
+                                     "--family", profile.scene_family,
                                      *(["--camera_size", f"{w}x{h}"] if cameras else ["--no_cameras"])]))
     return root
 

@@ -41,6 +41,7 @@ class Profile:
     test_scenes: int = 0
     test_frames: int = 1
     feature_cache: Optional[str] = None
+    scene_family: str = "junction"  # gencomm-sim --family of the dataset and the test set (opencood_ext.sim.families)
 
 
 PROFILES = {
