@@ -6,7 +6,7 @@ Layout of a run folder (every name is built here and nowhere else)::
     config.yaml                       the resolved experiment config (tools/train.py, onboarding)
     checkpoints/epoch_<n>.pth         after epoch n          (CheckpointPaths; training/runfolder.py
     checkpoints/latest.pth            newest state            says in which order they are written)
-    checkpoints/best.pth              best validation loss
+    checkpoints/best.pth              best validation score (training/selection.py)
     checkpoints/imported.pth          weights imported from another code base
     train_log.jsonl  tb/  .writer.lock  training's log, tensorboard scalars, the one-writer lock
     onboarding.json                   what a stage-2 onboarding trained and what it cost
@@ -44,6 +44,15 @@ FUSION_ALIASES = {"no": "none"}  # OpenCOOD's spelling of the none method (``--f
 CODE_PACKAGES = ("opencood_ext", "gencomm", "experiments")  # whose sources the code digest covers
 DYNAMIC = "dynamic"  # the label of the growing-alliance table, eval_dynamic.json
 _REFERENCE_WEIGHTS = re.compile(r"net_epoch(_bestval_at)?(\d+)\.pth\Z")
+CHECKPOINT_NAMES = "best, last or epoch_N"  # what CheckpointPaths.named takes (gencomm-infer --checkpoint)
+_CHECKPOINT_NAME = re.compile(r"(best|last|epoch_([1-9]\d*))\Z")
+
+
+def check_checkpoint_name(which: str) -> str:
+    """``which`` if it names a checkpoint of a run (:meth:`CheckpointPaths.named`), else ValueError."""
+    if not isinstance(which, str) or not _CHECKPOINT_NAME.match(which):
+        raise ValueError(f"--checkpoint must be {CHECKPOINT_NAMES} (N >= 1), got {which!r}")
+    return which
 
 
 class CheckpointPaths:
@@ -78,6 +87,20 @@ class CheckpointPaths:
         raise FileNotFoundError(f"{self.dir.parent}: no checkpoints/best.pth or checkpoints/latest.pth "
                                 f"(was it trained?)")
 
+    def named(self, which: str) -> Path:
+        """The weights ``which`` names (:data:`CHECKPOINT_NAMES`): ``best`` = best.pth (the epoch
+        validation selected), ``last`` = latest.pth (the last epoch of a finished run; the newest state
+        of an interrupted one), ``epoch_N`` = epoch_N.pth. FileNotFoundError naming the run when absent."""
+        path = {"best": self.best, "last": self.latest}.get(check_checkpoint_name(which))
+        if path is None:
+            path = self.epoch(int(which[len("epoch_"):]))
+        if not path.is_file():
+            kept = ", ".join(f"epoch_{n}" for n in self.epoch_files()) or "none"
+            why = {"best": " (no validation ran)", "last": " (not trained)"}.get(
+                which, f" (epoch files kept: {kept}; train.keep_epoch_checkpoints prunes older ones)")
+            raise FileNotFoundError(f"{self.dir.parent}: --checkpoint {which}: no checkpoints/{path.name}{why}")
+        return path
+
     def epoch_files(self) -> Dict[int, Path]:
         """Existing ``epoch_{n}.pth`` files by n."""
         out = {}
@@ -96,14 +119,17 @@ class CheckpointPaths:
 
 def evaluation_label(fusion: Optional[str] = None, channel: Optional["ChannelConfig"] = None,
                      latency_frames: int = 0, wire_dtype: Optional[str] = None, *,
-                     alliance: Optional[Sequence[str]] = None, split_suffix: str = "") -> str:
+                     alliance: Optional[Sequence[str]] = None, split_suffix: str = "",
+                     checkpoint: Optional[str] = None) -> str:
     """The ``<label>`` of ``eval_<label>.json``, the one place labels are built.
 
     A plain evaluation: the fusion method ("no" read as "none"), plus what differs from the plain
     evaluation (pose noise, loss, latency, wire dtype, and the channel seed when any of them is set),
     e.g. ``late_noise0.2m0.2deg_seed1``. ``alliance`` (ego type first): the growing-alliance step
     ``dyn_m1+m2`` instead (fusion and channel do not enter it). ``split_suffix``: another split than the
-    run's own evaluation split (``_validate``), which the JSON does not record."""
+    run's own evaluation split (``_validate``), which the JSON does not record. ``checkpoint``: a
+    named checkpoint (:meth:`CheckpointPaths.named`) instead of the run's evaluation weights, appended
+    (``intermediate_epoch_3``, ``intermediate_last``)."""
     if alliance is not None:
         if not alliance:
             raise ValueError("an alliance has at least the ego's type")
@@ -121,6 +147,8 @@ def evaluation_label(fusion: Optional[str] = None, channel: Optional["ChannelCon
         parts.append(wire_dtype)
     if len(parts) > 1 and channel is not None and channel.seed:
         parts.append(f"seed{channel.seed}")
+    if checkpoint is not None:
+        parts.append(check_checkpoint_name(checkpoint))
     return "_".join(parts) + split_suffix
 
 

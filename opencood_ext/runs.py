@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from .config import config_from_dict
 from .experiment import ExperimentConfig, build_model, join_types, load_experiment
@@ -13,9 +13,11 @@ from .training.checkpoint import load_model_state
 __all__ = ["FUSION_ALIASES", "checkpoint_of", "run_files", "load_run", "set_fusion", "late_fusion_of"]
 
 
-def checkpoint_of(run_dir: Path) -> Path:
-    """The weights ``run_dir`` is evaluated with (:meth:`CheckpointPaths.for_evaluation`)."""
-    return RunFolder(run_dir).checkpoints.for_evaluation()
+def checkpoint_of(run_dir: Path, which: Optional[str] = None) -> Path:
+    """The weights ``run_dir`` is evaluated with (:meth:`CheckpointPaths.for_evaluation`), or those
+    ``which`` names (best, last, epoch_N: :meth:`CheckpointPaths.named`)."""
+    paths = RunFolder(run_dir).checkpoints
+    return paths.for_evaluation() if which is None else paths.named(which)
 
 
 def run_files(run_dir) -> Tuple[Path, ...]:
@@ -24,14 +26,16 @@ def run_files(run_dir) -> Tuple[Path, ...]:
     return RunFolder(run_dir).inputs()
 
 
-def load_run(run_dir, overrides: Sequence[str] = ()) -> Tuple[ExperimentConfig, CooperativeDetector]:
+def load_run(run_dir, overrides: Sequence[str] = (),
+             checkpoint: Optional[str] = None) -> Tuple[ExperimentConfig, CooperativeDetector]:
+    """The run's config and model with its evaluation weights, or the named ``checkpoint``'s."""
     run_dir = Path(run_dir)
     cfg_path = RunFolder(run_dir).config
     if not cfg_path.exists():
         raise FileNotFoundError(f"{run_dir}: no {cfg_path.name}; is this a run folder written by gencomm-train?")
     cfg = load_experiment(cfg_path, overrides)
     model = build_model(cfg)
-    load_model_state(model, checkpoint_of(run_dir))
+    load_model_state(model, checkpoint_of(run_dir, checkpoint))
     model.eval()
     return cfg, model
 

@@ -5,6 +5,7 @@ collaborator sends per frame, BEV images of detections vs ground truth.
                   [--split test] [--plot_every 20] [--max_frames N]
     gencomm-infer --model_dir runs/ONBOARD --dynamic m1,m3     # ego m1, then +m3
     gencomm-infer --model_dir runs/NAME --pose_noise 0.2,0.2 --drop 0.25 --latency_frames 1
+    gencomm-infer --model_dir runs/NAME --checkpoint last        # or epoch_3: -> eval_intermediate_last.json
     gencomm-infer --late_of m1=runs/S1_M1 --late_of m3=runs/S1_M3 -o runs/LATE --dynamic m1,m3
                   # late fusion of single-type runs, each agent detecting with its own run
 
@@ -22,6 +23,11 @@ The detection area: --range X,Y evaluates x in [-X, X], y in [-Y, Y] (z bounds k
 reference's inference script: the LiDAR crop, voxel grid, anchors, ground truth and the prediction
 range mask all follow it (data.lidar_range). Under ``protocol: reference`` the default is the
 reference's (102.4,51.2; opencood_ext/eval/detection_range.py), under native the config's range.
+
+Which weights: best.pth (the epoch validation selected, training/selection.py; latest.pth when
+validation never ran) unless --checkpoint names others: ``last`` (latest.pth, the last epoch),
+``best``, ``epoch_N``; the label then ends in the name (eval_intermediate_epoch_3.json), so scoring
+every epoch of a run keeps each result. Works the same on stage-1 and gencomm-onboard run folders.
 
 Writes eval_<method>.yaml / .json (eval_dynamic.json) and bev/*.png into the run folder, and
 the evaluation's stamp eval_<label>.inputs.json (its command, code and input files). --reuse skips
@@ -43,6 +49,9 @@ def main(argv=None) -> int:
                    help="instead of --model_dir: late fusion of separately trained single-type runs (repeat per "
                         "type; the first is the ego's), each agent detecting with its own run; needs -o")
     p.add_argument("-o", "--out", type=Path, default=None, help="where --late_of writes its results")
+    p.add_argument("--checkpoint", default=None, metavar="best|last|epoch_N",
+                   help="evaluate these weights of the run: best.pth, latest.pth (the last epoch) or epoch_N.pth "
+                        "(default: best.pth, else latest.pth); the label gets the name appended")
     p.add_argument("--fusion_method", default=None, help="default: the method the model was trained for")
     p.add_argument("--split", default=None, help="default: eval.split of the run's config")
     p.add_argument("--plot_every", type=int, default=None, help="BEV image every N frames (0 = none)")
@@ -89,7 +98,7 @@ def main(argv=None) -> int:
 def _run(args) -> int:
     from opencood_ext.eval.evaluate import evaluate
     from opencood_ext.eval.reuse import EvaluationSettings, evaluation_stamp, parse_types
-    from opencood_ext.run_folder import RunFolder, evaluation_label
+    from opencood_ext.run_folder import RunFolder, check_checkpoint_name, evaluation_label
     from opencood_ext.experiment import build_dataset
     from opencood_ext.interop.runs import load_any_run  # ours, or a reference (OpenCOOD/HEAL) run folder
     from opencood_ext.runs import set_fusion
@@ -99,6 +108,11 @@ def _run(args) -> int:
     from opencood_ext.eval.detection_range import evaluation_range, parse_range, range_override
 
     check_label(args.label)  # eval_<label>.json is written into the run folder: a plain name, never a path
+    if args.checkpoint is not None:
+        check_checkpoint_name(args.checkpoint)
+        if args.late_of or args.dynamic:
+            raise ValueError("--checkpoint evaluates one run's named weights: not with --late_of (each run's own "
+                             "evaluation weights) or --dynamic (its eval_dyn_* labels do not carry the checkpoint)")
     given_range = parse_range(args.range)
     if args.late_of:
         from opencood_ext.runs import late_fusion_of
@@ -116,7 +130,7 @@ def _run(args) -> int:
         raise ValueError("give --model_dir RUN (or --late_of TYPE=RUN ... -o OUT)")
     else:
         def load(overrides):
-            return load_any_run(args.model_dir, overrides)
+            return load_any_run(args.model_dir, overrides, checkpoint=args.checkpoint)
     cfg, model = load(args.overrides)
     area = evaluation_range(cfg.protocol, cfg.data.format, cfg.data.lidar_range, given_range)
     if area is not None:  # the model is rebuilt on the new grid (its weights do not depend on the grid size)
@@ -144,12 +158,13 @@ def _run(args) -> int:
     split = args.split or cfg.eval.split
     max_frames = args.max_frames if args.max_frames is not None else cfg.eval.max_frames
     order = parse_types(args.dynamic)
-    label = args.label or evaluation_label(model.fusion, channel, args.latency_frames, args.wire_dtype)
+    label = args.label or evaluation_label(model.fusion, channel, args.latency_frames, args.wire_dtype,
+                                           checkpoint=args.checkpoint)
     settings = EvaluationSettings(args.model_dir, model.fusion, split, max_frames, label, channel=channel,
                                   latency_frames=args.latency_frames, wire_dtype=args.wire_dtype,
                                   blank_messages=tuple(sorted(blank)),
                                   overrides=tuple(args.overrides), dynamic=order,
-                                  late_of=tuple(args.late_of))
+                                  late_of=tuple(args.late_of), checkpoint=args.checkpoint)
     folder, stamp = RunFolder(args.model_dir), evaluation_stamp(settings, cfg)
     if args.reuse and folder.evaluation_current(settings.stamp_label, stamp):
         print(f"== {args.model_dir}: {folder.evaluation(settings.stamp_label).name} is current (same settings, "

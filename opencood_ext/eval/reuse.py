@@ -31,7 +31,8 @@ class EvaluationSettings:
     blank_messages: types sending all-zero maps; overrides: the ``--set`` items the config was loaded
     with, in order; label: the ``eval_<label>.json`` written; dynamic: the joining order of a
     growing-alliance evaluation (its label is ``dynamic``); late_of: ``TYPE=RUN`` items of a late
-    fusion of single-type runs (then run_dir is only where the results go)."""
+    fusion of single-type runs (then run_dir is only where the results go); checkpoint: the named
+    weights evaluated (best, last, epoch_N), None: the run's evaluation weights."""
 
     run_dir: Path
     fusion: str
@@ -45,11 +46,13 @@ class EvaluationSettings:
     overrides: Tuple[str, ...] = ()
     dynamic: Tuple[str, ...] = ()
     late_of: Tuple[str, ...] = ()
+    checkpoint: Optional[str] = None
 
     def argv(self) -> List[str]:
         """The inference command of these settings, every setting spelt out in one order."""
         out = [PROGRAM, *(["--model_dir", str(self.run_dir)] if not self.late_of else
                           [a for item in self.late_of for a in ("--late_of", item)] + ["-o", str(self.run_dir)])]
+        out += ["--checkpoint", self.checkpoint] if self.checkpoint is not None else []
         out += ["--fusion_method", self.fusion, "--split", self.split]
         if self.max_frames is not None:
             out += ["--max_frames", str(self.max_frames)]

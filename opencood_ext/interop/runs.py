@@ -55,13 +55,17 @@ def import_weights(cfg: ExperimentConfig, checkpoint, partial: bool = False) -> 
     return model, mapping
 
 
-def load_any_run(run_dir, overrides: Sequence[str] = (),
-                 echo: bool = True) -> Tuple[ExperimentConfig, CooperativeDetector]:
-    """One of our run folders, or a reference one (config converted, weights mapped), in eval mode."""
+def load_any_run(run_dir, overrides: Sequence[str] = (), echo: bool = True,
+                 checkpoint: Optional[str] = None) -> Tuple[ExperimentConfig, CooperativeDetector]:
+    """One of our run folders, or a reference one (config converted, weights mapped), in eval mode.
+    checkpoint: best, last or epoch_N of one of our runs (:meth:`CheckpointPaths.named`)."""
     cfg_path = RunFolder(run_dir).config
     conv = convert_if_hypes(cfg_path, echo) if cfg_path.exists() else None
     if conv is None:
-        return load_run(run_dir, overrides)
+        return load_run(run_dir, overrides, checkpoint)
+    if checkpoint is not None:
+        raise ValueError(f"{run_dir}: --checkpoint {checkpoint} names this project's checkpoint files; a reference "
+                         f"run folder is evaluated with the net_epoch*.pth find_reference_checkpoint picks")
     cfg = conv.experiment(overrides)
     ckpt = find_reference_checkpoint(run_dir)
     try:
