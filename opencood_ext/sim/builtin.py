@@ -57,7 +57,7 @@ class AgentParams:
     layout: str = "junction"                            # one of LAYOUTS (module docstring)
     junction_distance: Tuple[float, float] = (8.0, 35.0)   # ego to junction centre, m
     min_arm_angle: float = 50.0                         # deg, ego vs collaborator bearing from the centre
-    road_gap: Tuple[float, float] = (6.0, 60.0)         # road: ego to collaborator centre along the street, m
+    road_gap: Tuple[float, float] = (6.0, 50.0)         # road: ego to collaborator centre along the street, m
     oncoming_probability: float = 0.35                  # road: a collaborator drives the other way
     platoon_probability: float = 0.3                    # road: some collaborators platoon in the ego's lane
     platoon_gap: Tuple[float, float] = (4.0, 14.0)      # road: bumper to bumper in a platoon, m
