@@ -4,7 +4,7 @@ An experiment yaml has these sections (each a typed dataclass, see
 :mod:`opencood_ext.config` for loading rules)::
 
     name: sim_m1_pointpillars
-    protocol: native  # or reference: whose computation model and evaluation follow (PROTOCOLS)
+    protocol: native  # or reference, equalized: whose computation model and evaluation follow (PROTOCOLS)
     data:  {...}      # opencood_ext.data.dataset.DataConfig
     model: {...}      # opencood_ext.models.detector.CooperativeDetector constructor arguments
     train: {...}      # opencood_ext.training.trainer.TrainConfig
@@ -36,7 +36,7 @@ from opencood_ext import methods  # noqa: F401  (registers the heterogeneous bas
 from opencood_ext.models import build, check_args, voxel_sizes
 from opencood_ext.models.fusion_methods import FUSION_METHODS, FusionMethod
 
-from .models.detector import PROTOCOLS, CooperativeDetector, Protocol  # noqa: F401  (PROTOCOLS: the choices)
+from .models.detector import PROTOCOLS, CooperativeDetector, Protocol, computation_of  # noqa: F401  (PROTOCOLS: the choices)
 from .training.trainer import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,8 @@ class StageConfig:
 # outside a collaborator's coverage, rotated-IoU anchor targets, our post-processing and ground-truth
 # rules). "reference": exactly the GenComm reference / HEAL code's computation, so an imported
 # checkpoint gives the reference's outputs and AP (docs/protocol.md lists what remains different).
+# "equalized": native's computation, and every fusion method (no fusion and late fusion too) gets the
+# same block between fusion and the head, the simulator benchmark's fair comparison.
 # (Defined with the model that runs them: opencood_ext.models.detector.)
 
 
@@ -346,7 +348,8 @@ def build_dataset(cfg: ExperimentConfig, split: str, train: bool, fusion: Option
     try:
         sizes = voxel_sizes(cfg.model)
         return CooperativeDataset(reader, data, sizes, train=train, cooperation=method.dataset_agents(train),
-                                  seed=cfg.train.seed, latency_frames=latency_frames, protocol=cfg.protocol)
+                                  seed=cfg.train.seed, latency_frames=latency_frames,
+                                  protocol=computation_of(cfg.protocol))
     except DataFormatError:
         raise
     except ValueError as exc:  # the data section does not fit the model (e.g. a LiDAR type without encoder)

@@ -140,7 +140,7 @@ def test_the_experiment_protocol_builds_the_model(tmp_path):
     assert native.protocol == "native" and native.encoders["m1"].encoder.protocol == "native"
     with pytest.raises(ConfigError, match="model.protocol.?: the protocol is the experiment's top-level key"):
         load_experiment(ROOT / "configs" / "dairv2x" / "gencomm_stage1_m1.yaml", ["model.protocol=reference"])
-    with pytest.raises(ValueError, match=r"protocol must be one of \['native', 'reference'\]"):
+    with pytest.raises(ValueError, match=r"protocol must be one of \['native', 'reference', 'equalized'\]"):
         from opencood_ext.models.detector import CooperativeDetector
 
         CooperativeDetector({"m1": {"encoder": {"type": "pointpillars"}, "backbone": {}}},

@@ -43,9 +43,35 @@ from .losses import DetectionLoss, LossOutput
 from .pyramid_fusion import PyramidFusion
 from .v2xvit import V2XViTFusion
 
-# whose computation a model runs (the experiment's top-level ``protocol:``; CooperativeDetector)
-PROTOCOLS = ("native", "reference")
-Protocol = Literal["native", "reference"]
+# whose computation a model runs (the experiment's top-level ``protocol:``; CooperativeDetector).
+# "equalized" is native's computation with one more rule: every fusion method, no fusion and late
+# fusion included, has the same block between fusion and the 1x1 head (EQUALIZED_POST_FUSION_LAYERS),
+# so no method is compared with more or fewer layers after the warp than another (docs/protocol.md)
+PROTOCOLS = ("native", "reference", "equalized")
+Protocol = Literal["native", "reference", "equalized"]
+Computation = Literal["native", "reference"]
+EQUALIZED_POST_FUSION_LAYERS = 2  # two 3x3 conv-BN-ReLU layers: the README's measured post-fusion block
+
+
+def computation_of(protocol: str) -> Computation:
+    """The computation a protocol's encoders, links, data and post-processing follow: the reference
+    code's under "reference", this project's own under "native" and "equalized"."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
+    return "reference" if protocol == "reference" else "native"
+
+
+def post_fusion_layers_of(protocol: str, given: Optional[int]) -> int:
+    """``model.post_fusion_layers`` under ``protocol``: unset -> the protocol's (equalized: the shared
+    block, else 0); under equalized any other count is refused, so every run of an equalized
+    comparison has the same layers after fusion."""
+    if protocol == "equalized":
+        if given is not None and int(given) != EQUALIZED_POST_FUSION_LAYERS:
+            raise ValueError(f"model.post_fusion_layers: protocol equalized gives every method the same "
+                             f"{EQUALIZED_POST_FUSION_LAYERS} layers after fusion, got {given} (remove the key, "
+                             f"or use protocol native to try another count)")
+        return EQUALIZED_POST_FUSION_LAYERS
+    return 0 if given is None else int(given)
 
 FUSION_OPS = Registry("fusion op", "fusion of the ego's and the received features (model.fusion_op, "
                       "its arguments in model.fusion_args)",
@@ -95,8 +121,11 @@ class CooperativeDetector(nn.Module):
         the reference fuses (GenComm: generated from its own message and enhanced), fusion has no
         coverage masks (OpenCOOD's AttFusion / max over the zero-padded warps), anchor targets
         by the reference's axis-aligned rule (:func:`~.anchors.assign_targets_reference`).
+        "equalized": native's computation with the shared post-fusion block (``post_fusion_layers``).
+        ``computation`` is what the parts follow ("native" or "reference", :func:`computation_of`).
     post_fusion_layers: 3x3 conv-BN-ReLU layers (C -> C) between fusion and the 1x1 head,
-        for every fusion method alike (0: the head reads each fused cell alone). A warped
+        for every fusion method alike (0: the head reads each fused cell alone); unset: the
+        protocol's (:func:`post_fusion_layers_of`: equalized 2, native and reference 0). A warped
         collaborator feature says its boxes' sub-cell offsets and yaw in the sender's grid and
         axes; only layers that see neighbouring cells can read the rotated map (README).
     """
@@ -107,14 +136,13 @@ class CooperativeDetector(nn.Module):
                  neg_iou: Union[float, List[float]] = 0.45,
                  loss: Optional[dict] = None, depth_weight: float = 1.0,
                  score_threshold: float = 0.2, nms_iou: float = 0.15, max_boxes: int = 150,
-                 post_fusion_layers: int = 0, train_message_drop: float = 0.0,
+                 post_fusion_layers: Optional[int] = None, train_message_drop: float = 0.0,
                  voxel_caps: Optional[Dict[str, Tuple[int, Optional[int]]]] = None,
                  protocol: Protocol = "native"):
         super().__init__()
         if not agent_types:
             raise ValueError("model.agent_types is empty: name at least one agent type")
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
+        self.computation: Computation = computation_of(protocol)
         self.protocol: Protocol = protocol
         self.lidar_range = [float(v) for v in lidar_range]
         self.method = FUSION_METHODS.get_class(fusion, "model.fusion")()
@@ -134,7 +162,7 @@ class CooperativeDetector(nn.Module):
         self._type_specs = {t: dict(spec) for t, spec in agent_types.items()}
         self.encoders = nn.ModuleDict({
             t: build(spec, {"stack": EncoderStack}, f"model.agent_types.{t}", default_type="stack",
-                     lidar_range=self.lidar_range, protocol=protocol)
+                     lidar_range=self.lidar_range, protocol=self.computation)
             for t, spec in agent_types.items()})
         grids = {t: s.grid for t, s in self.encoders.items()}
         first_t, first = next(iter(grids.items()))
@@ -157,6 +185,7 @@ class CooperativeDetector(nn.Module):
                              f"(the op is named by model.fusion_op), got {fusion_args!r}")
         self.fuse = build({**dict(fusion_args or {}), "type": fusion_op}, FUSION_OPS, "model.fusion_args",
                           channels=self.channels)
+        post_fusion_layers = post_fusion_layers_of(protocol, post_fusion_layers)
         if post_fusion_layers < 0:
             raise ValueError(f"model.post_fusion_layers must be >= 0, got {post_fusion_layers}")
         fused = getattr(self.fuse, "out_channels", self.channels)  # a fusion op may change the width
@@ -280,7 +309,7 @@ class CooperativeDetector(nn.Module):
         """Head maps -> detections (post-processing settings of this model); ``gt_range`` "ego"
         keeps boxes inside the ego's detection area, None keeps all."""
         r = self.lidar_range if gt_range == "ego" else gt_range
-        return decode_detections(head, self.anchors, coder=self.coder, gt_range=r, protocol=self.protocol,
+        return decode_detections(head, self.anchors, coder=self.coder, gt_range=r, protocol=self.computation,
                                  **self.post)
 
     def in_range(self, boxes: Tensor) -> Tensor:
@@ -317,7 +346,7 @@ class CooperativeDetector(nn.Module):
     def targets(self, gt_boxes: List[Tensor], gt_classes: List[Tensor]) -> Targets:
         anchors = self.anchors.cpu()
         anchor_classes = self.anchor_gen.flat_classes()
-        assign = assign_targets_reference if self.protocol == "reference" else assign_targets
+        assign = assign_targets_reference if self.computation == "reference" else assign_targets
         items = [assign(anchors, g.cpu().float(), self.pos_iou, self.neg_iou, self.coder,
                                 gt_classes=c.cpu(), anchor_classes=anchor_classes)
                  for g, c in zip(gt_boxes, gt_classes)]

@@ -291,7 +291,7 @@ class IntermediateFusion(FusionMethod):
     def receive(self, model, batch, feats, arrived) -> ModelOutput:
         own = ego_features(model, batch, feats)  # (B, C, H, W)
         B = own.shape[0]
-        reference = model.protocol == "reference"
+        reference = model.computation == "reference"
         ego_types = [batch.agent_types[r] for r in batch.ego_index.tolist()]
         # under the reference protocol the ego fuses what the link makes of its own feature (the
         # reference GenComm: generated from its own message and enhanced); the link still reads the
@@ -306,7 +306,7 @@ class IntermediateFusion(FusionMethod):
         valid = warp_mask(T, model.lidar_range, (H, W), device=device)
         receiver = torch.as_tensor(arrived.receiver, device=device)
         arrival = Arrival(T, list(arrived.agent_type), own[receiver], [ego_types[r] for r in arrived.receiver], valid,
-                          protocol=model.protocol)
+                          protocol=model.computation)
         got = model.link.receive(arrived.stacked().to(device), arrival)
         losses = model.link.losses(got, feats[torch.as_tensor(arrived.source_row, device=device)], arrival) \
             if model.training else {}

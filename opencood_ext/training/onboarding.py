@@ -70,6 +70,16 @@ def _stage1(run: Path, method: OnboardingMethod) -> tuple:
     return cfg, t
 
 
+def _check_protocols(protocol: str, stage1: Dict[Path, ExperimentConfig], config) -> None:
+    """Every stage-1 run was trained under the onboarding's ``protocol`` (the stage-2 yaml's, else the
+    ego run's): the protocols build different layers after fusion, so a mix would not load or compare."""
+    for run, cfg in stage1.items():
+        if cfg.protocol != protocol:
+            where = f"{config}: protocol {protocol}" if config is not None else f"the ego run's protocol {protocol}"
+            raise ValueError(f"{run}: stage-1 run trained under protocol {cfg.protocol}, but {where}; "
+                             f"onboard onto stage-1 runs of the same protocol")
+
+
 def plan_onboarding(ego_run, new_runs: Sequence, overrides: Sequence[str] = (), epochs=None, config=None,
                     method: Optional[str] = None) -> OnboardPlan:
     """The stage-2 experiment: ``config`` (a stage-2 yaml, whose ``stage.method`` names the method)
@@ -94,6 +104,8 @@ def plan_onboarding(ego_run, new_runs: Sequence, overrides: Sequence[str] = (), 
         new[t], new_cfgs[t] = run, cfg
     if not new:
         raise ValueError("give at least one --new stage-1 run")
+    _check_protocols(cfg_file.protocol if cfg_file is not None else ego_cfg.protocol,
+                     {ego_run: ego_cfg, **{new[t]: c for t, c in new_cfgs.items()}}, config)
     if cfg_file is not None:
         cfg = cfg_file
         if set(cfg.stage.new_types) != set(new):
