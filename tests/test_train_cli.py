@@ -74,6 +74,7 @@ def test_gencomm_stage1_then_onboarding(dataset, tmp_path, capsys):
     dme = report["trainable_params_per_new_type"]["m3"]
     assert report["trainable_params_total"] == dme and f"{dme:,}" in printed
     assert report["onboarding_wall_time_s"] > 0
+    assert report["best_epoch"] == 1 and report["select_on"] == "detection_loss" and "best.pth: epoch 1" in printed
     # a rerun finds the run finished and still reports the time it took
     assert onboard.main(["--ego", str(runs["m1"]), "--new", str(runs["m3"]), "-o", str(out), "--epochs", "1"]) == 0
     again = json.loads((out / "onboarding.json").read_text())

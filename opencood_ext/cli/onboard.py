@@ -10,6 +10,10 @@ experiment is composed from them: the ego's settings, each new type's stack,
 the method's link and its reference schedule; with -y the yaml's
 ``stage.method`` names the method.
 
+Like a stage-1 run, the onboarding folder keeps best.pth (the validated epoch with the lowest
+detection loss, training/selection.py) and latest.pth (the last epoch); onboarding.json records
+``best_epoch`` and ``select_on``, and ``gencomm-infer --checkpoint last|epoch_N`` scores the others.
+
 Merges the stage-1 checkpoints, freezes everything except what the method
 trains for the new types (GenComm: their message extractors; frozen BatchNorm
 stays in eval mode every epoch), trains with the detection loss, and prints the
@@ -106,7 +110,7 @@ def _onboard(args, plan) -> int:
                   "trainable_params_per_new_type": per_type, "trainable_params_total": summary.trainable,
                   "frozen_params": summary.frozen, "frozen_batchnorm_layers": len(summary.frozen_batchnorms),
                   "onboarding_wall_time_s": onboard_wall, "stage1_wall_time_s": stage1,
-                  "epochs": result.epochs_done}
+                  "epochs": result.epochs_done, "best_epoch": result.best_epoch, "select_on": result.select_on}
         RunFolder(args.out).onboarding_report.write_text(json.dumps(report, indent=2))
         print(f"onboarded {', '.join(plan.new_types)} into {plan.ego_type}'s alliance with {plan.method.name} "
               f"-> {args.out}")
@@ -115,6 +119,10 @@ def _onboard(args, plan) -> int:
         print(f"  frozen parameters: {summary.frozen:,}; frozen BatchNorm layers: {len(summary.frozen_batchnorms)}")
         for t, s in stage1.items():
             print(f"  stage-1 training of {t}: {s:.0f} s; onboarding: {onboard_wall:.0f} s")
+        if result.best_epoch is not None:
+            print(f"  best.pth: epoch {result.best_epoch} of {result.epochs_done} (lowest validation "
+                  f"{result.select_on.replace('_', ' ')}); latest.pth: epoch {result.epochs_done} "
+                  f"(gencomm-infer --checkpoint last)")
         if model.feature_cache is not None:
             st = model.feature_cache.stats
             print(f"  feature cache {args.feature_cache}: {st.hits} agent encodings reused, {st.misses} computed "

@@ -118,7 +118,9 @@ def _train(args, cfg) -> int:
                      run_dir, len(train_set), len(val_set) if val_set is not None else "no", trainer.trainable_params)
     result = trainer.fit()
     if D.is_main_process():
-        logging.info("done: %d epochs, best val %s, %.1f s", result.epochs_done, result.best_val, result.wall_time_s)
+        logging.info("done: %d epochs, %.1f s; best.pth: epoch %s (validation %s %s); latest.pth: epoch %d",
+                     result.epochs_done, result.wall_time_s, result.best_epoch, result.select_on.replace("_", " "),
+                     result.best_val, result.epochs_done)
         print(run_dir)
     D.cleanup()
     return 0

@@ -9,8 +9,8 @@ Rules (the Trainer applies them, :meth:`~opencood_ext.training.trainer.Trainer.v
   weights; the generators' states from before the pass are restored after it, so validating (or
   not) leaves the training run's random stream exactly as it was;
 - ``best.pth`` is the epoch with the lowest score: ``train.select_on: detection_loss`` (default)
-  scores the detection terms alone (:attr:`LossOutput.detection`), ``total_loss`` the total that
-  training minimises (auxiliary terms such as generation MSE or camera depth included).
+  scores the detection terms alone (:attr:`LossOutput.detection`), ``total_loss`` the model's total
+  loss in evaluation (auxiliary terms it computes there, such as camera depth, included).
 
 Each validated epoch's record (``train_log.jsonl``, checkpoint history) holds ``val_loss`` (total),
 ``val_detection_loss`` (when the model returns it), the parts, and ``best_epoch``: the epoch

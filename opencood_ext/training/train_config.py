@@ -23,8 +23,9 @@ class TrainConfig:
     validation split: what best.pth should be selected on).
     select_on: what picks best.pth among the validated epochs (lowest wins; noise fixed by seed,
     training/selection.py): "detection_loss" = the detection terms alone (classification, box,
-    direction; not generation MSE, camera depth or other auxiliary terms), "total_loss" = the
-    total that training minimises. latest.pth (the last epoch) is kept beside it either way.
+    direction; no camera depth or other auxiliary term), "total_loss" = the model's total loss in
+    evaluation (camera depth included; GenComm's generation MSE and HEAL's occupancy term are
+    training-only). latest.pth (the last epoch) is kept beside it either way.
     seed: seeds python/numpy/torch (+ rank) and the per-epoch sample order.
     shuffle / drop_last: train sample order and incomplete last batch.
     max_steps_per_epoch: cap on optimizer steps per epoch (quick runs), None = full epoch.
