@@ -200,3 +200,13 @@ def test_gencomm_validation_draws_the_same_diffusion_noise_every_pass(tmp_path):
     parts = first["val_cls"] + first["val_box"] + first["val_dir"]
     assert first["val_detection_loss"] == pytest.approx(parts, rel=1e-6)  # the detection terms, nothing else
     assert json.loads(json.dumps(first)) == first  # plain floats: what train_log.jsonl records
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_validation_on_cuda_fixes_and_restores_the_device_generator(tmp_path):
+    model = NoisyModel()
+    trainer = Trainer(model, ToyDataset(4), ToyDataset(5, offset=500), collate, _cfg(), tmp_path, device="cuda:0")
+    torch.cuda.manual_seed(9)
+    before = torch.cuda.get_rng_state(0)
+    first, second = trainer.validate(), trainer.validate()
+    assert first == second and torch.equal(before, torch.cuda.get_rng_state(0))
