@@ -290,18 +290,25 @@ class CooperativeDataset(Dataset):
     # ------------------------------------------------------------------ item
     def __getitem__(self, index: int) -> Optional[Sample]:
         """The sample of frame ``index``; None for a bad frame when ``skip_bad_frames`` is set."""
+        return self.sample_with_frame(index)[0]
+
+    def sample_with_frame(self, index: int) -> Tuple[Optional[Sample], Optional[Frame]]:
+        """``(self[index], the frame it was made from)``, so a caller that measures more on the frame
+        (evaluation: who sees each object) does not read it again; ``(None, None)`` for a bad frame
+        left out (``skip_bad_frames``). The frame is :meth:`read_frame`'s; making the sample does not
+        change it."""
         try:
-            return self._sample(index)
+            frame = self.read_frame(index)
+            return self._sample(index, frame), frame
         except DataFormatError as exc:
             if not self.cfg.skip_bad_frames:
                 raise
             if index not in self.skipped and not isinstance(exc, SkippedFrame):  # the reader logged its own
                 log.warning("skipping bad frame %d: %s", index, exc)
             self.skipped.add(index)
-            return None
+            return None, None
 
-    def _sample(self, index: int) -> Sample:
-        frame = self.read_frame(index)
+    def _sample(self, index: int, frame: Frame) -> Sample:
         # training draws follow torch's RNG (seeded per run and worker by the trainer), so each
         # epoch sees new augmentations; evaluation draws nothing random.
         rng = np.random.default_rng((self.seed, index, int(torch.randint(0, 2**31 - 1, ()))

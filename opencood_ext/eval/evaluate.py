@@ -18,6 +18,7 @@ only).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -26,17 +27,20 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 import torch
 import yaml
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from opencood_ext.comm.channel import ChannelConfig
 from opencood_ext.comm.messages import rule_of
 from opencood_ext.data.batch import collate_samples
+from opencood_ext.data.errors import DataFormatError
+from opencood_ext.data.frame import AgentObs
+from opencood_ext.data.sample import Sample
 from opencood_ext.eval.ap import APAccumulator, format_ap_table, plot_pr_curves, pr_envelope
 from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap
 from opencood_ext.eval.localisation import LocalisationStats, format_localisation
@@ -117,11 +121,48 @@ class EvalResult:
         return d
 
 
-def _plot_frame(dataset, index: int, dets, gt_boxes, path: Path, title: str) -> None:
-    frame = dataset.read_frame(index)
-    agents = dataset.select_agents(frame, np.random.default_rng(0))
-    plot_agents_bev(path, agents, gt_boxes=gt_boxes, pred_boxes=dets, lidar_range=dataset.cfg.lidar_range,
-                    title=title)
+@dataclass
+class _FrameItem:
+    """What the evaluation loop needs of one frame, made where the DataLoader makes items (a
+    worker process, if any), so the frame is read once: the sample, who sees each GT box (the
+    groups, None when not defined, or the DataFormatError computing them raised, which the loop
+    raises only if it still wants groups) and, on frames that get a BEV image, the agents to draw
+    (their LiDAR scans only)."""
+
+    sample: Sample
+    visibility: Union[np.ndarray, None, DataFormatError]
+    plot_agents: Optional[List[AgentObs]] = None
+
+
+class _EvalFrames(Dataset):
+    """The first ``n`` frames of a :class:`~opencood_ext.data.dataset.CooperativeDataset` as
+    :class:`_FrameItem` (None for a bad frame the dataset leaves out)."""
+
+    def __init__(self, dataset, n: int, plot_every: int):
+        self.dataset, self.n, self.plot_every = dataset, n, plot_every
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> Optional[_FrameItem]:
+        sample, frame = self.dataset.sample_with_frame(index)
+        if sample is None:
+            return None
+        try:
+            groups = visibility_groups(self.dataset, index, sample.gt_boxes, frame=frame)
+        except DataFormatError as exc:
+            groups = exc
+        agents = None
+        if self.plot_every and index % self.plot_every == 0:
+            agents = [dataclasses.replace(a, cameras=[], lidar_beams={})
+                      for a in self.dataset.select_agents(frame, np.random.default_rng(0))]
+        return _FrameItem(sample, groups, agents)
+
+
+def _collate_item(items: List[Optional[_FrameItem]]):
+    """batch_size 1 -> (Batch, _FrameItem), or None for a frame left out."""
+    item = items[0]
+    return None if item is None else (collate_samples([item.sample]), item)
 
 
 def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0, max_frames: Optional[int] = None,
@@ -150,14 +191,15 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
     scenes: List[str] = []
     frame_keys: List[str] = []
     n = len(dataset) if max_frames is None else min(len(dataset), max_frames)
-    loader = DataLoader(torch.utils.data.Subset(dataset, range(n)), batch_size=1, shuffle=False,
-                        collate_fn=collate_samples)
+    plot_every = plot_every if out_dir is not None else 0
+    loader = DataLoader(_EvalFrames(dataset, n, plot_every), batch_size=1, shuffle=False, collate_fn=_collate_item)
     start, done = time.perf_counter(), 0
-    for i, batch in enumerate(tqdm(loader, total=n, desc=f"eval {label or model.fusion}",
-                                   disable=not (progress and sys.stderr.isatty()),
-                                   leave=False)):
-        if batch is None:  # a bad frame the dataset left out (skip_bad_frames)
+    for i, got in enumerate(tqdm(loader, total=n, desc=f"eval {label or model.fusion}",
+                                 disable=not (progress and sys.stderr.isatty()),
+                                 leave=False)):
+        if got is None:  # a bad frame the dataset left out (skip_bad_frames)
             continue
+        batch, item = got
         done += 1
         batch = batch.to(device)
         pred = model.predict(batch, channel=channel, keys=lambda b, i=i: (i,))
@@ -168,7 +210,9 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         scenes.append(str(batch.scenarios[0]))
         frame_keys.append(f"{batch.scenarios[0]}/{batch.timestamps[0]}")
         if vis_defined:
-            groups = visibility_groups(dataset, i, gt)
+            groups = item.visibility
+            if isinstance(groups, DataFormatError):
+                raise groups
             vis_defined = groups is not None
             if vis_defined:
                 vis.add(groups, boxes, scores, gt)
@@ -177,11 +221,12 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         collaborators += len(pred.delivery.bytes_sent)
         lost += len(pred.delivery.lost)
         rejected.update(rule_of(reason) for _, reason in pred.delivery.rejected)
-        if out_dir is not None and plot_every and i % plot_every == 0:
+        if item.plot_agents is not None:
             path = RunFolder(out_dir).bev_image(label or model.fusion, i)
-            _plot_frame(dataset, i, boxes, gt, path,
-                        f"{label or model.fusion}: {batch.scenarios[0]} / {batch.timestamps[0]} "
-                        f"(green GT, red detections)")
+            plot_agents_bev(path, item.plot_agents, gt_boxes=gt, pred_boxes=boxes,
+                            lidar_range=dataset.cfg.lidar_range,
+                            title=f"{label or model.fusion}: {batch.scenarios[0]} / {batch.timestamps[0]} "
+                                  f"(green GT, red detections)")
             images.append(str(path))
     elapsed = time.perf_counter() - start
     res = acc.results()

@@ -16,6 +16,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ..data.frame import Frame
 from ..geometry import invert_transform, points_in_boxes, transform_points
 from .ap import BEV_COLUMNS, match_frames
 
@@ -23,11 +24,14 @@ GROUPS = ("ego", "collaborators_only", "nobody")
 MIN_POINTS = 5
 
 
-def visibility_groups(dataset, index: int, gt_boxes: np.ndarray, min_points: int = MIN_POINTS) -> Optional[np.ndarray]:
+def visibility_groups(dataset, index: int, gt_boxes: np.ndarray, min_points: int = MIN_POINTS,
+                      frame: Optional[Frame] = None) -> Optional[np.ndarray]:
     """(G,) index into ``GROUPS`` for each box of ``gt_boxes`` (G, 7), given in the
     un-augmented ego LiDAR frame of ``dataset``'s frame ``index`` (evaluation frames).
-    None when the ego is not a LiDAR agent."""
-    frame = dataset.read_frame(index)
+    None when the ego is not a LiDAR agent. ``frame``: that frame as ``dataset.read_frame(index)``
+    gives it, when the caller has it already (it is then not read again)."""
+    if frame is None:
+        frame = dataset.read_frame(index)
     agents = dataset.select_agents(frame, np.random.default_rng(0), with_collaborators=True)
     types = dataset.cfg.agent_types
     if types[agents[0].agent_type].sensor != "lidar":
@@ -42,8 +46,40 @@ def visibility_groups(dataset, index: int, gt_boxes: np.ndarray, min_points: int
         T = T_ego_from_world @ agent.T_world_from_lidar
         pts = transform_points(T, dataset.lidar_points(agent, spec.lidar_beams, frame)[:, :3])
         own_car = points_in_boxes(T[None, :2, 3], boxes, bev_only=True)[0]
-        seen[k] = (points_in_boxes(pts, boxes).sum(axis=0) >= min_points) | own_car
+        seen[k] = (points_per_box(pts, boxes) >= min_points) | own_car
     return np.where(seen[0], 0, np.where(seen[1:].any(axis=0), 1, 2)).astype(np.int64)
+
+
+REACH_MARGIN_M = 1e-3  # far above float64 rounding at any coordinate a scan holds
+
+
+def points_per_box(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """(M,) int64: how many of ``points`` (N, 3+) lie inside each of ``boxes`` (M, 7), i.e.
+    ``points_in_boxes(points, boxes).sum(axis=0)`` without its (N, M) arrays.
+
+    A point of a box's footprint is at most half its length plus half its width from its centre
+    along x, so each box tests only the points whose x lies that far (plus a margin) from its
+    centre, found by bisection in the points sorted by x. The test on them is
+    :func:`~opencood_ext.geometry.points_in_boxes`' float64 arithmetic, term for term (and the
+    boxes' cos and sin are taken over all of them at once as there), so every count is the same."""
+    pts = np.asarray(points, dtype=np.float64)[:, :3]
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+    counts = np.zeros(len(b), dtype=np.int64)
+    if len(b) == 0 or len(pts) == 0:
+        return counts
+    order = np.argsort(pts[:, 0], kind="stable")
+    xs = pts[order, 0]
+    c, s = np.cos(b[:, 6]), np.sin(b[:, 6])
+    reach = (np.abs(b[:, 3]) + np.abs(b[:, 4])) / 2 + REACH_MARGIN_M
+    lo = np.searchsorted(xs, b[:, 0] - reach, side="left")
+    hi = np.searchsorted(xs, b[:, 0] + reach, side="right")
+    for j in range(len(b)):
+        d = pts[order[lo[j]:hi[j]]] - b[j, :3]
+        lx = d[:, 0] * c[j] + d[:, 1] * s[j]
+        ly = -d[:, 0] * s[j] + d[:, 1] * c[j]
+        inside = (np.abs(lx) <= b[j, 3] / 2) & (np.abs(ly) <= b[j, 4] / 2) & (np.abs(d[:, 2]) <= b[j, 5] / 2)
+        counts[j] = int(inside.sum())
+    return counts
 
 
 def matched_gt(pred_boxes: np.ndarray, scores: np.ndarray, gt_boxes: np.ndarray, iou_threshold: float) -> np.ndarray:
