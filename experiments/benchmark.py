@@ -35,8 +35,10 @@ from .steps import Command, sets
 
 TYPES = ("m1", "m2", "m3", "m4")
 # (row name, onboarding method)
+# (row label, onboarding method); "mpda_fusion_head" is MPDA with its reference's trainable set (the ego's
+# fusion, post-fusion layers and head train too), beside "mpda" with the alliance frozen as for every method
 METHODS = [("GenComm", "gencomm"), ("BackAlign", "backalign"), ("STAMP", "stamp"), ("MPDA", "mpda"),
-           ("CodeFilling", "codefilling")]
+           ("MPDA, fusion + head train", "mpda_fusion_head"), ("CodeFilling", "codefilling")]
 
 
 def stage2_config(family: str, method: str, types: Sequence[str] = TYPES, configs: Optional[Path] = None) -> Path:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.benchmark import METHODS
 from opencood_ext.experiment import load_experiment
 
 STAGE2 = Path(__file__).resolve().parents[1] / "configs" / "sim" / "stage2"
@@ -16,8 +17,8 @@ STAGE2 = Path(__file__).resolve().parents[1] / "configs" / "sim" / "stage2"
 def _alliances():
     by = defaultdict(dict)
     for path in sorted(STAGE2.glob("*_m1_*.yaml")):
-        method, alliance = path.stem.split("_", 1)
-        by[alliance][method] = path
+        method, alliance = path.stem.split("_m1_")
+        by["m1_" + alliance][method] = path
     return by
 
 
@@ -34,7 +35,7 @@ def _budget(cfg):
 def test_every_alliance_has_every_method():
     assert set(ALLIANCES) == {"m1_m2", "m1_m3", "m1_m2m3m4"}
     for alliance, methods in ALLIANCES.items():
-        assert set(methods) == {"gencomm", "backalign", "stamp", "mpda", "codefilling"}, alliance
+        assert set(methods) == {m for _, m in METHODS}, alliance
 
 
 @pytest.mark.parametrize("alliance", sorted(ALLIANCES))

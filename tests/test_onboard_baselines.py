@@ -115,10 +115,13 @@ def test_shipped_stage2_configs_follow_the_method(family, method):
     assert cfg.stage.method == method and cfg.stage.new_types == ["m2", "m3", "m4"]
     assert set(cfg.model["agent_types"]) == {"m1", "m2", "m3", "m4"}
     assert cfg.model["link"] == m.link(None, "m1", cfg.stage.new_types)  # the composed link, protocol m1
-    # the sim keeps 0.4 of the reference's stage-2 epochs (CPU budget), with the milestones scaled
+    # the sim gives every method the same 4 epochs (equal budgets, tests/test_equal_budgets.py), with
+    # the x0.1 milestones at the same fractions of the schedule as the reference's
     scaled = {"epochs", "milestones"} if family == "sim" else set()
     for key, value in m.train_defaults.items():
         if key not in scaled:
             assert getattr(cfg.train, key) == value, key
     if family == "sim":
-        assert cfg.train.epochs == round(0.4 * m.train_defaults["epochs"])
+        ref = m.train_defaults["epochs"]
+        assert cfg.train.epochs == 4
+        assert cfg.train.milestones == [round(e * 4 / ref) for e in m.train_defaults["milestones"]]

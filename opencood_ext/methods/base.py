@@ -28,6 +28,9 @@ class OnboardingMethod:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     train_defaults: ClassVar[Dict[str, object]] = {"lr": 1e-3, "lr_scheduler": None}
+    # modules of the ego's run this method retrains (module prefixes); empty: the alliance stays frozen,
+    # so joining changes nobody else's weights (every method but MPDA's reference trainable set)
+    alliance_parts: ClassVar[Tuple[str, ...]] = ()
 
     def link(self, ego_link: Optional[dict], ego_type: str, new_types: List[str]) -> Optional[dict]:
         """The stage-2 ``model.link`` spec, from the ego run's."""

@@ -26,7 +26,10 @@ post-fusion layers and head) and every new type's encoder stay frozen; only
 ``link.adapter.<t>`` trains for new type ``t`` (resizer + cross-domain
 attention + domain classifier). The reference also trains its fusion net and
 heads in stage 2 (only encoders, backbones and shrinkers are frozen there);
-this benchmark keeps the alliance frozen for every method. Reference schedule:
+onboarding ``mpda`` keeps the alliance frozen as every method here does;
+onboarding ``mpda_fusion_head`` is the reference's trainable set (adapters plus
+the ego's fusion, post-fusion layers and head), so the alliance's own detections
+change too. Reference schedule:
 10 epochs, Adam lr 1e-3, x0.1 after epoch 5 (weight decay 1e-4).
 """
 from __future__ import annotations
@@ -40,7 +43,7 @@ from torch import Tensor, nn
 
 from ..models.links import LINKS, Arrival, WireDtype
 from ..models.warp import warp_to_ego
-from .base import ONBOARDING, OnboardingMethod, count_unique_parameters, feature_macs
+from .base import ONBOARDING, OnboardingMethod, count_unique_parameters, feature_macs, feature_map_cost
 from .mpda_modules import CrossDomainEncoder, DomainClassifier, FeatureResizer
 
 
@@ -154,3 +157,23 @@ class MPDAOnboarding(OnboardingMethod):
         x = torch.zeros(1, model.channels, H, W, device=next(adapter.parameters()).device)
         macs = feature_macs(adapter, (x, x)) + feature_macs(adapter.domain, (torch.cat([x, x]),))
         return count_unique_parameters([adapter]), 2 * macs / 1e9
+
+
+@ONBOARDING.register("mpda_fusion_head")
+class MPDAFusionHeadOnboarding(MPDAOnboarding):
+    """MPDA with the reference's trainable set: ``link.adapter.<t>`` and the ego alliance's fusion,
+    post-fusion layers and head (the reference freezes only encoders, backbones and shrinkers).
+    Those shared parts serve every type, so the alliance's {ego} result changes as well."""
+    name = "mpda_fusion_head"
+    description = ("MPDA with the reference's trainable set: the new type's adapter and the ego's fusion, "
+                   "post-fusion layers and head")
+    alliance_parts = ("fuse", "post_fusion", "head")
+
+    def trainable(self, t: str) -> List[str]:
+        return [*super().trainable(t), *self.alliance_parts]
+
+    def cost(self, model, t: str, batch=None) -> Tuple[int, float]:
+        """MPDA's adapter cost plus the shared parts' (each run once on a feature of the model's grid)."""
+        params, gflops = super().cost(model, t, batch)
+        shared_params, shared_gflops = feature_map_cost(model, list(self.alliance_parts))
+        return params + shared_params, gflops + shared_gflops
