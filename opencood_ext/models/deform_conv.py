@@ -224,8 +224,45 @@ def _project_first(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tens
     # bags: one per output pixel (n, h_out, w_out), entries ordered (G, kk, corner)
     rows_t = torch.stack(rows, dim=-1).permute(0, 3, 4, 1, 2, 5).reshape(n * h_out * w_out, n_off * kk * 4)
     wts_t = torch.stack(weights, dim=-1).permute(0, 3, 4, 1, 2, 5).reshape(n * h_out * w_out, n_off * kk * 4)
-    out = F.embedding_bag(rows_t, proj, per_sample_weights=wts_t.to(proj.dtype), mode="sum")
+    out = _WeightedGather.apply(proj, rows_t, wts_t.to(proj.dtype))
     return out.reshape(n, h_out, w_out, c_out).permute(0, 3, 1, 2)
+
+
+class _WeightedGather(torch.autograd.Function):
+    """``out[b] = sum_e weights[b, e] * table[rows[b, e]]``: ``F.embedding_bag`` (mode sum, per-sample
+    weights) whose table gradient is a gather as well. table (R, C), rows (B, E) int64, weights
+    (B, E) -> (B, C).
+
+    The table's gradient row ``r`` is the sum of ``weights[b, e] * grad[b]`` over the entries with
+    ``rows[b, e] = r``: sorting the entries by row makes every table row one bag over ``grad`` (an
+    empty bag is zero), so it is one more ``embedding_bag``, where embedding_bag's own backward
+    zero-fills the (R, C) gradient and adds the entries into it one by one (about 10% of the
+    message extractor's forward + backward; ``tests/test_deform_conv_fast.py`` checks both against
+    autograd). The weights' gradient is embedding_bag's own (the table detached)."""
+
+    @staticmethod
+    def forward(ctx, table: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(table, rows, weights)
+        return F.embedding_bag(rows, table, per_sample_weights=weights, mode="sum")
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        table, rows, weights = ctx.saved_tensors
+        grad = grad.contiguous()
+        d_table = d_weights = None
+        if ctx.needs_input_grad[0]:
+            sorted_rows, order = torch.sort(rows.reshape(-1))
+            counts = torch.bincount(sorted_rows, minlength=table.shape[0])
+            d_table = F.embedding_bag(order // rows.shape[1], grad, counts.cumsum(0) - counts,
+                                      per_sample_weights=weights.reshape(-1)[order].to(grad.dtype),
+                                      mode="sum").to(table.dtype)
+        if ctx.needs_input_grad[2]:
+            with torch.enable_grad():
+                w = weights.detach().requires_grad_()
+                out = F.embedding_bag(rows, table.detach(), per_sample_weights=w, mode="sum")
+                d_weights, = torch.autograd.grad(out, w, grad.to(out.dtype))
+        return d_table, None, d_weights
 
 
 class DeformConv2d(nn.Module):
