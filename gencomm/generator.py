@@ -88,8 +88,12 @@ class ConditionalUNet(nn.Module):
         self.out = nn.Conv2d(b, out_channels, 1)
 
     def forward(self, x: Tensor, step: Tensor) -> Tensor:
+        return self.body(self.inp(x), step)
+
+    def body(self, h: Tensor, step: Tensor) -> Tensor:
+        """Everything after the input conv: h = ``inp(x)`` (N, b, H, W), step (N,) -> (N, out, H, W)."""
         emb = self.step_embed(step)
-        skip = self.enc(self.inp(x), emb)
+        skip = self.enc(h, emb)
         h = self.mid(self.down(skip), emb)
         h = self.up(F.interpolate(h, size=skip.shape[-2:], mode="nearest"))
         h = self.dec(torch.cat([h, skip], dim=1), emb)
@@ -183,11 +187,15 @@ class ResidualUNet(nn.Module):
         self.out = nn.Conv2d(cur, out_channels, 3, padding=1)
 
     def forward(self, x: Tensor, step: Tensor) -> Tensor:
-        if min(x.shape[-2:]) < 2 ** (self.levels - 1):
+        return self.body(self.inp(x), step)
+
+    def body(self, h: Tensor, step: Tensor) -> Tensor:
+        """Everything after the input conv: h = ``inp(x)`` (N, b, H, W), step (N,) -> (N, out, H, W)."""
+        if min(h.shape[-2:]) < 2 ** (self.levels - 1):
             raise ValueError(f"ResidualUNet with {self.levels} levels needs H, W >= {2 ** (self.levels - 1)}, "
-                             f"got {tuple(x.shape[-2:])}")
-        emb = self.step_embed(sinusoidal_embedding(step, self.base_channels))
-        hs = [self.inp(x)]
+                             f"got {tuple(h.shape[-2:])}")
+        emb = self.step_embed(sinusoidal_embedding(step, self.base_channels).to(h.dtype))
+        hs = [h]
         for i, level in enumerate(self.down_blocks):
             for blk in level:
                 hs.append(blk(hs[-1], emb))
@@ -331,11 +339,18 @@ class SpatialAwareFeatureGenerator(nn.Module):
         a, b = self._start
         x = init_feature.mul(a).add_(self._noise(init_feature, generator), alpha=b)
         x_start = x
-        message = message.to(init_feature.dtype)
+        # The UNet's input conv on [message, x_t] is conv_m(message) + conv_x(x_t) (a conv is linear
+        # in its input channels); the message is the same at every step, so its half (and the bias)
+        # is computed once, and no (N, m + C, H, W) concatenation is built per step.
+        inp, m = self.unet.inp, self.message_channels
+        message_term = F.conv2d(message.to(init_feature.dtype), inp.weight[:, :m], inp.bias, inp.stride,
+                                inp.padding, inp.dilation)
+        feature_weight = inp.weight[:, m:]
         preds, steps = [], []
         for t in range(t_last, -1, -1):
             step = torch.full((x.shape[0],), t, dtype=torch.long, device=x.device)
-            x0 = self.unet(torch.cat([message, x], dim=1), step)
+            h = F.conv2d(x, feature_weight, None, inp.stride, inp.padding, inp.dilation).add_(message_term)
+            x0 = self.unet.body(h, step)
             preds.append(x0)
             steps.append(t)
             if t > 0:  # the last step's output is x0_hat itself; its posterior mean is never used

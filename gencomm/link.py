@@ -65,10 +65,14 @@ class GenCommLink(nn.Module):
 
     def send(self, features: Tensor, agent_types: List[str]) -> Tensor:
         """Sender side: (n, C, H, W) features -> (n, m, H, W) messages, each by its type's DME."""
-        out = features.new_zeros(features.shape[0], self.payload_channels, *features.shape[-2:])
-        for t in dict.fromkeys(agent_types):
+        types = list(dict.fromkeys(agent_types))
+        for t in types:
             if t not in self.dme:
                 raise KeyError(f"agent type {t} has no message extractor; known: {sorted(self.dme)}")
+        if len(types) == 1:  # one type (every stage 1): no gather and scatter copies of the maps
+            return self.dme[types[0]](features).to(features.dtype)
+        out = features.new_zeros(features.shape[0], self.payload_channels, *features.shape[-2:])
+        for t in types:
             idx = torch.as_tensor([i for i, a in enumerate(agent_types) if a == t], device=features.device)
             out[idx] = self.dme[t](features[idx]).to(out.dtype)  # autocast: the DME may compute in bf16
         return out
@@ -76,10 +80,14 @@ class GenCommLink(nn.Module):
     def _generate(self, cond: Tensor, init: Tensor, receiver_types: List[str]) -> Tensor:
         """Row k: the receiver type's SAFG from message ``cond[k]`` and init ``init[k]``, then its
         enhancer. (n, m, H, W), (n, C, H, W) -> (n, C, H, W)."""
-        gen = init.new_zeros(init.shape)
-        for r in dict.fromkeys(receiver_types):
+        types = list(dict.fromkeys(receiver_types))
+        for r in types:
             if r not in self.safg:
                 raise KeyError(f"receiver type {r} has no feature generator; known: {sorted(self.safg)}")
+        if len(types) == 1:  # one receiver type (batch of one ego type): no gather and scatter copies
+            return self.enhancer[types[0]](self.safg[types[0]](cond, init).feature).to(init.dtype)
+        gen = init.new_zeros(init.shape)
+        for r in types:
             sel = torch.as_tensor([k for k, t in enumerate(receiver_types) if t == r], device=init.device)
             gen[sel] = self.enhancer[r](self.safg[r](cond[sel], init[sel]).feature).to(gen.dtype)
         return gen
