@@ -51,6 +51,7 @@ def visibility_groups(dataset, index: int, gt_boxes: np.ndarray, min_points: int
 
 
 REACH_MARGIN_M = 1e-3  # far above float64 rounding at any coordinate a scan holds
+MAX_CELLS = 4096  # x cells of the bucketing in points_per_box (int16 keys: numpy sorts them by radix)
 
 
 def points_per_box(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
@@ -58,23 +59,29 @@ def points_per_box(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     ``points_in_boxes(points, boxes).sum(axis=0)`` without its (N, M) arrays.
 
     A point of a box's footprint is at most half its length plus half its width from its centre
-    along x, so each box tests only the points whose x lies that far (plus a margin) from its
-    centre, found by bisection in the points sorted by x. The test on them is
-    :func:`~opencood_ext.geometry.points_in_boxes`' float64 arithmetic, term for term (and the
-    boxes' cos and sin are taken over all of them at once as there), so every count is the same."""
+    along x. The points are bucketed by x into cells of at least 1 m; each box tests only the
+    points of the cells within that reach (plus a margin and a cell either side, against
+    rounding at cell borders). The test on them is :func:`~opencood_ext.geometry.points_in_boxes`'
+    float64 arithmetic, term for term (and the boxes' cos and sin are taken over all of them at
+    once as there), so every count is the same."""
     pts = np.asarray(points, dtype=np.float64)[:, :3]
     b = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
     counts = np.zeros(len(b), dtype=np.int64)
     if len(b) == 0 or len(pts) == 0:
         return counts
-    order = np.argsort(pts[:, 0], kind="stable")
-    xs = pts[order, 0]
     c, s = np.cos(b[:, 6]), np.sin(b[:, 6])
     reach = (np.abs(b[:, 3]) + np.abs(b[:, 4])) / 2 + REACH_MARGIN_M
-    lo = np.searchsorted(xs, b[:, 0] - reach, side="left")
-    hi = np.searchsorted(xs, b[:, 0] + reach, side="right")
+    x0, x1 = float(np.min(b[:, 0] - reach)), float(np.max(b[:, 0] + reach))
+    cell = max(1.0, (x1 - x0) / (MAX_CELLS - 4))
+    x0 -= cell
+    near = np.flatnonzero((pts[:, 0] >= x0) & (pts[:, 0] <= x1 + cell))
+    key = ((pts[near, 0] - x0) // cell).astype(np.int16)
+    order = near[np.argsort(key, kind="stable")]
+    starts = np.concatenate([[0], np.cumsum(np.bincount(key, minlength=MAX_CELLS))])
+    lo = np.clip(((b[:, 0] - reach - x0) // cell).astype(np.int64) - 1, 0, MAX_CELLS)
+    hi = np.clip(((b[:, 0] + reach - x0) // cell).astype(np.int64) + 2, 0, MAX_CELLS)
     for j in range(len(b)):
-        d = pts[order[lo[j]:hi[j]]] - b[j, :3]
+        d = pts[order[starts[lo[j]]:starts[hi[j]]]] - b[j, :3]
         lx = d[:, 0] * c[j] + d[:, 1] * s[j]
         ly = -d[:, 0] * s[j] + d[:, 1] * c[j]
         inside = (np.abs(lx) <= b[j, 3] / 2) & (np.abs(ly) <= b[j, 4] / 2) & (np.abs(d[:, 2]) <= b[j, 5] / 2)
