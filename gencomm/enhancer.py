@@ -149,7 +149,11 @@ class ChannelEnhancer(nn.Module):
             raise ValueError(f"ChannelEnhancer expects (N, {self.channels}, H, W), got {tuple(x.shape)}")
         if self.variant == "reference":
             return self.reference(x)
-        v, g = self.expand(self.partial(x)).chunk(2, dim=1)
+        # expand's two halves (v, g) as two convs on its weight rows: each output contiguous, so the
+        # depth-wise conv copies no chunk view and the backward concatenates no gradient halves
+        y, hidden = self.partial(x), self.gate_dw.in_channels
+        w, b = self.expand.weight, self.expand.bias
+        v, g = F.conv2d(y, w[:hidden], b[:hidden]), F.conv2d(y, w[hidden:], b[hidden:])
         x = x + self.project(v * F.gelu(self.gate_dw(g)))
         s = self.att_fc2(F.relu(self.att_fc1(x.mean(dim=(2, 3)))))
         return x * (2.0 * s.sigmoid())[:, :, None, None]
