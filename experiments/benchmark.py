@@ -30,6 +30,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from opencood_ext.run_folder import DYNAMIC, RunFolder, evaluation_label
 
+from .pipeline import run_facts
 from .results import ResultRow
 from .steps import Command, sets
 
@@ -111,18 +112,19 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
                          trainable_params=ob["trainable_params_total"],
                          trainable_params_per_type=ob["trainable_params_per_new_type"],
                          train_wall_s=ob["onboarding_wall_time_s"], onboard_method=method,
-                         stage1="full_feature" if own else "gencomm"))
+                         stage1="full_feature" if own else "gencomm", **run_facts(run)))
     late = runs / ("late_of_stage1" if types == list(TYPES) else f"late_of_stage1_{''.join(types)}")
     run_cmd(Command("gencomm-infer", [*[a for t in types for a in ("--late_of", f"{t}={stage1[t]}")],
                                       "-o", late, "--dynamic", order, "--reuse", *eval_sets]))
     rows.append(_row("Late fusion (stage-1 models)", late, _dynamic(late),
                      "each agent detects with its own stage-1 run; nothing trained", trainable_params=0,
-                     train_wall_s=0.0))
+                     train_wall_s=0.0, **run_facts(stage1[types[0]], trained=False)))
     alone = runs / "none_of_stage1"
     run_cmd(Command("gencomm-infer", ["--late_of", f"{types[0]}={stage1[types[0]]}", "-o", alone,
                                       "--fusion_method", "none", "--dynamic", types[0], "--reuse", *eval_sets]))
     row = _row(f"No fusion ({types[0]} stage-1 model)", alone, _dynamic(alone), "the ego alone: the same AP for every "
-               "alliance", trainable_params=0, train_wall_s=0.0)
+               "alliance", trainable_params=0, train_wall_s=0.0,
+               **run_facts(stage1[types[0]], trained=False))
     row.dynamic = [dict(row.dynamic[0], types=types[:k + 1]) for k in range(len(types))]
     rows.append(row)
     return rows

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from opencood_ext.run_folder import RunFolder, evaluation_label
-from opencood_ext.training.runlog import training_wall_time
+from opencood_ext.training.runlog import optimizer_steps, training_wall_time
 
 from .profiles import BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE2, TEST_SEED_OFFSET, Profile
 from .results import ResultRow, StepTime
@@ -107,6 +107,16 @@ def count_trainable(run: Path) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def run_facts(run: Path, trained: bool = True) -> dict:
+    """A results row's ``protocol``, ``training_seed`` and ``optimizer_steps`` from run folder ``run``'s
+    config and training log; ``trained`` False (a row built from stage-1 runs without training, e.g.
+    late fusion of them: ``run`` is then a stage-1 run): 0 optimizer steps."""
+    from opencood_ext.experiment import load_experiment
+    cfg = load_experiment(RunFolder(run).config)
+    return {"protocol": cfg.protocol, "training_seed": cfg.train.seed,
+            "optimizer_steps": optimizer_steps(run) if trained else 0}
+
+
 class Steps:
     """Wall time of each step of this invocation (a step a rerun finds done takes seconds)."""
 
@@ -159,7 +169,8 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
         res = steps.run(f"evaluate {run.name}", evaluate_run, run, fusion, evaluation)
         solo = steps.run(f"evaluate {run.name}, collaborators off", ego_only, run, fusion, res, evaluation)
         rows.append(ResultRow(method=method, run=str(run), eval=res, train_wall_s=wall,
-                              trainable_params=count_trainable(run), note="retrained end to end", ego_only=solo))
+                              trainable_params=count_trainable(run), note="retrained end to end", ego_only=solo,
+                              **run_facts(run)))
     stage1: Dict[str, Path] = {}
     wall1: Dict[str, float] = {}
     for t, config in STAGE1.items():
@@ -179,7 +190,8 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
                           ego_only=ego_only(onboard_run, "intermediate", res, evaluation),
                           train_wall_s=onboarding["onboarding_wall_time_s"],
                           trainable_params=onboarding["trainable_params_total"],
-                          note=f"stage 2 only; stage 1: m1 {wall1['m1']:.0f} s, m3 {wall1['m3']:.0f} s"))
+                          note=f"stage 2 only; stage 1: m1 {wall1['m1']:.0f} s, m3 {wall1['m3']:.0f} s",
+                          **run_facts(onboard_run)))
     if robustness:
         steps.run("robustness sweep", robustness_sweep, rows, out / "robustness", evaluation, seed)
     if profile.benchmark:

@@ -73,7 +73,9 @@ class ResultRow:
     dynamic: the benchmark's evaluation per growing alliance, each with ``types`` and optionally
     ``onboard_params`` / ``onboard_gflops``; trainable_params_per_type: per new type (onboarding);
     onboard_method: the onboarding method; stage1: which stage-1 runs it started from
-    ("gencomm" or "full_feature")."""
+    ("gencomm" or "full_feature"); protocol: the run's ``protocol:`` (native, reference, equalized);
+    training_seed: its ``train.seed``; optimizer_steps: the optimizer steps it trained (0: nothing
+    trained, as late fusion of stage-1 runs)."""
 
     method: str
     eval: Dict[str, Any]
@@ -87,6 +89,9 @@ class ResultRow:
     trainable_params_per_type: Optional[Dict[str, int]] = None
     onboard_method: Optional[str] = None
     stage1: Optional[str] = None
+    protocol: Optional[str] = None
+    training_seed: Optional[int] = None
+    optimizer_steps: Optional[int] = None
 
     def __post_init__(self):
         if self.table not in TABLES:
@@ -116,7 +121,10 @@ class ResultRow:
                    dynamic=_check(doc, where, "dynamic", (list,), False, source),
                    trainable_params_per_type=_check(doc, where, "trainable_params_per_type", (dict,), False, source),
                    onboard_method=_check(doc, where, "onboard_method", (str,), False, source),
-                   stage1=_check(doc, where, "stage1", (str,), False, source))
+                   stage1=_check(doc, where, "stage1", (str,), False, source),
+                   protocol=_check(doc, where, "protocol", (str,), False, source),
+                   training_seed=_check(doc, where, "training_seed", (int,), False, source),
+                   optimizer_steps=_check(doc, where, "optimizer_steps", (int,), False, source))
 
 
 @dataclass

@@ -84,6 +84,24 @@ def test_competitor_stage1_differs_from_gencomm_stage1_only_in_the_link(t):
     assert strip(own.model) == strip(gen.model)
 
 
+def _write_config(run: Path, config: Path) -> None:
+    """The run folder's config.yaml as a tool writes it (the resolved experiment)."""
+    import yaml
+
+    from opencood_ext.config import config_to_dict
+    from opencood_ext.run_folder import RunFolder
+    run.mkdir(parents=True, exist_ok=True)
+    RunFolder(run).config.write_text(yaml.safe_dump(config_to_dict(load_experiment(config))))
+
+
+def _stage1_runs(tmp_path, kind: str, types=("m1", "m3")) -> dict:
+    """Stage-1 run folders (config only) of ``kind`` ("gencomm" or "baseline") per type."""
+    runs = {t: tmp_path / f"{kind}_stage1_{t}" for t in types}
+    for t, run in runs.items():
+        _write_config(run, configs_root() / "sim" / f"{kind}_stage1_{t}.yaml")
+    return runs
+
+
 def _fake_tools(log):
     """Stands in for gencomm-onboard and gencomm-infer --dynamic: records the command and
     writes the files the benchmark reads back."""
@@ -95,6 +113,7 @@ def _fake_tools(log):
         if cmd.program == "gencomm-onboard":
             out = Path(cmd.value("-o"))
             out.mkdir(parents=True, exist_ok=True)
+            _write_config(out, Path(cmd.value("-y")))
             (out / "onboarding.json").write_text(json.dumps({"trainable_params_total": 1,
                                                              "trainable_params_per_new_type": {"m3": 1},
                                                              "onboarding_wall_time_s": 1.0}))
@@ -110,8 +129,8 @@ def _fake_tools(log):
 
 
 def test_competitors_start_from_their_own_stage1_runs(tmp_path):
-    gen = {"m1": tmp_path / "gencomm_stage1_m1", "m3": tmp_path / "gencomm_stage1_m3"}
-    own = {"m1": tmp_path / "baseline_stage1_m1", "m3": tmp_path / "baseline_stage1_m3"}
+    gen = _stage1_runs(tmp_path, "gencomm")
+    own = _stage1_runs(tmp_path, "baseline")
     log = []
     rows = run_benchmark(tmp_path, gen, "sim", _fake_tools(log), [], types=("m1", "m3"), competitor_stage1=own)
     onboard = {Path(c.value("-y")).name: c for c in log if c.program == "gencomm-onboard"}
@@ -123,6 +142,9 @@ def test_competitors_start_from_their_own_stage1_runs(tmp_path):
         assert out.endswith("_m3") if cfg.startswith("gencomm") else out.endswith("_m3_own_stage1")
     evaluations = [c for c in log if c.program == "gencomm-infer"]
     assert len(evaluations) == len(METHODS) + 2 and all("--reuse" in c for c in evaluations)
+    # every row states its protocol, training seed and optimizer steps (0: built from stage-1 runs)
+    assert {r.protocol for r in rows} == {"equalized"} and {r.training_seed for r in rows} == {0}
+    assert [r.optimizer_steps for r in rows][-2:] == [0, 0]
     notes = {r.method: r.note for r in rows}
     assert "from full-feature stage-1 runs" in notes["BackAlign (m3 onboarded)"]
     assert "from GenComm's stage-1 runs" in notes["GenComm (m3 onboarded)"]
@@ -155,7 +177,7 @@ def test_report_says_which_stage1_the_competitors_started_from(tmp_path):
 
 
 def test_evaluations_read_the_separate_test_set_and_onboarding_does_not(tmp_path):
-    gen = {"m1": tmp_path / "gencomm_stage1_m1", "m3": tmp_path / "gencomm_stage1_m3"}
+    gen = _stage1_runs(tmp_path, "gencomm")
     log = []
     run_benchmark(tmp_path, gen, "sim", _fake_tools(log), ["data.root=/d"], types=("m1", "m3"),
                   eval_overrides=["data.root=/d_test"])
@@ -171,7 +193,7 @@ def test_evaluations_read_the_separate_test_set_and_onboarding_does_not(tmp_path
 def test_every_onboarding_and_evaluation_shares_the_feature_cache(tmp_path):
     """The benchmark passes one --feature_cache folder to every onboarding and evaluation (frozen
     stage-1 encoders then encode each frame once), and none without it."""
-    gen = {"m1": tmp_path / "gencomm_stage1_m1", "m3": tmp_path / "gencomm_stage1_m3"}
+    gen = _stage1_runs(tmp_path, "gencomm")
     for cache in (None, str(tmp_path / "cache")):
         log = []
         run_benchmark(tmp_path, gen, "sim", _fake_tools(log), ["data.root=/d"], types=("m1", "m3"),

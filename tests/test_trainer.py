@@ -66,6 +66,9 @@ def test_fit_writes_run_folder_and_learns(tmp_path, reference):
     lines = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert [x["global_step"] for x in lines if x["kind"] == "step"] == [2, 4, 6, 8, 10, 12]
     assert [x["epoch"] for x in lines if x["kind"] == "epoch"] == [1, 2, 3]
+    assert [x["global_step"] for x in lines if x["kind"] == "epoch"] == [4, 8, 12]
+    from opencood_ext.training.runlog import optimizer_steps
+    assert optimizer_steps(tmp_path) == 12  # the budget a results row states
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()

@@ -90,3 +90,10 @@ def training_wall_time(run_dir) -> float:
     if not epochs and not RunFolder(run_dir).train_log.exists():
         return float("nan")
     return float(sum(float(r.get("time_s", 0.0)) for r in epochs))
+
+
+def optimizer_steps(run_dir) -> Optional[int]:
+    """Optimizer steps a run took: its last epoch record's ``global_step``; None when its log has no
+    epoch record that holds one (no log, or written before the count was logged)."""
+    epochs = [r for r in read_log(run_dir, "epoch") if "global_step" in r]
+    return int(epochs[-1]["global_step"]) if epochs else None

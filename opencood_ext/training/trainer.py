@@ -365,6 +365,7 @@ class Trainer(Resumable):
                 if self.scheduler is not None:
                     self.scheduler.step()
                 self.epoch, self.step_in_epoch = epoch, 0
+                record["global_step"] = self.global_step  # optimizer steps so far (the budget a results row states)
                 self.history.append(record)
                 self._check_finite()  # before the epoch record: an epoch with NaN weights is not logged as done
                 if self._log:  # before the checkpoint: a resume drops it if latest.pth never got written
