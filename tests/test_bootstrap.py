@@ -185,3 +185,27 @@ def test_records_round_trip_and_clear_errors(tmp_path):
         paired_difference(rec, fewer)
     with pytest.raises(ValueError, match="resamples"):
         bootstrap_ap(rec, resamples=0)
+
+
+def test_subset_keeps_exactly_the_scenes_frames():
+    """FrameRecords.subset (a scene family's frames): exactly the frames of the named scenes, in evaluation
+    order, each with its own detections and GT; its AP is that of matching those frames from scratch."""
+    frames = _random_frames(np.random.default_rng(11), ["j0", "r0", "j1", "r1", "j2"], 25)
+    rec = FrameRecords.from_detections(frames)
+    sub = rec.subset(["j2", "j0", "j1", "j0"])          # order and repeats of the names do not matter
+    kept = [f for f in frames if f[3].startswith("j")]
+    assert sub.frames.tolist() == [f[4] for f in kept] and sub.scene_ids == ["j0", "j1", "j2"]
+    assert sub.thresholds == rec.thresholds and sub.num_gt.tolist() == [len(f[2]) for f in kept]
+    own = FrameRecords.from_detections(kept)
+    for name in ("scores", "tp", "offsets", "num_gt", "scenes"):
+        np.testing.assert_array_equal(getattr(sub, name), getattr(own, name))
+    acc = APAccumulator()
+    for pred, scores, gt, *_ in kept:
+        acc.add(pred, scores, gt)
+    point = bootstrap_ap(sub, resamples=1, draws=np.ones((1, sub.num_scenes), dtype=np.int64)).ap["global"]
+    np.testing.assert_array_equal(point, [acc.results()["global"].ap[t] for t in (0.3, 0.5, 0.7)])
+    rest = rec.subset(["r0", "r1"])
+    assert sub.num_frames + rest.num_frames == rec.num_frames and len(sub.scores) + len(rest.scores) == len(rec.scores)
+    assert rec.subset([]).num_frames == 0
+    with pytest.raises(ValueError, match=r"subset: 1 scene\(s\) not in these records.*'x9'"):
+        rec.subset(["j0", "x9"])

@@ -168,11 +168,25 @@ class FrameRecords:
         order = np.array([pos[k] for k in other.frames.tolist()], dtype=np.int64)
         if (self.scenes[order] != other.scenes).any():
             raise ValueError("cannot pair evaluations: the same frame keys belong to different scenes")
-        lengths = np.diff(self.offsets)[order]
-        idx = _ranges(self.offsets[order], lengths)
+        return self._take(order)
+
+    def subset(self, scenes: Iterable[str]) -> "FrameRecords":
+        """The records of the frames of ``scenes`` only (e.g. one scene family's), in evaluation order,
+        at the same thresholds, offsets rebuilt; a scene these records do not hold raises."""
+        wanted = list(dict.fromkeys(str(s) for s in scenes))
+        unknown = sorted(set(wanted) - set(self.scene_ids))
+        if unknown:
+            raise ValueError(f"FrameRecords.subset: {len(unknown)} scene(s) not in these records of "
+                             f"{self.num_scenes} scenes, e.g. {unknown[:3]}")
+        return self._take(np.flatnonzero(np.isin(self.scenes, wanted)))
+
+    def _take(self, frames: np.ndarray) -> "FrameRecords":
+        """The records of frames ``frames`` (indices, each at most once) in that order."""
+        lengths = np.diff(self.offsets)[frames]
+        idx = _ranges(self.offsets[frames], lengths)
         return FrameRecords(self.thresholds, self.scores[idx], self.tp[:, idx],
-                            np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), self.num_gt[order],
-                            self.scenes[order], self.frames[order])
+                            np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), self.num_gt[frames],
+                            self.scenes[frames], self.frames[frames])
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
