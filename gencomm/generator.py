@@ -38,6 +38,8 @@ import torch.nn.functional as F
 from diffusers import DDPMScheduler
 from torch import Tensor, nn
 
+from .split_conv import MessageInputConv
+
 
 def _norm(channels: int, groups: Optional[int] = None, eps: float = 1e-5) -> nn.GroupNorm:
     """GroupNorm with ``groups`` groups (default gcd(8, channels))."""
@@ -78,7 +80,7 @@ class ConditionalUNet(nn.Module):
         b = base_channels
         emb_dim = 4 * b
         self.step_embed = nn.Sequential(nn.Embedding(num_steps, emb_dim), nn.SiLU(), nn.Linear(emb_dim, emb_dim))
-        self.inp = nn.Conv2d(in_channels, b, 3, padding=1)
+        self.inp = MessageInputConv(in_channels, b, 3, padding=1)
         self.enc = _ResBlock(b, b, emb_dim)
         self.down = nn.Conv2d(b, 2 * b, 3, stride=2, padding=1)
         self.mid = _ResBlock(2 * b, 2 * b, emb_dim)
@@ -160,7 +162,7 @@ class ResidualUNet(nn.Module):
         self.base_channels, self.levels = b, len(mult)
         self.step_embed = nn.Sequential(nn.Linear(b, emb_dim), nn.SiLU(), nn.Linear(emb_dim, emb_dim))
         block = partial(_ResBlock, emb_dim=emb_dim, norm_groups=norm_groups, eps=1e-6, emb_act=True)
-        self.inp = nn.Conv2d(in_channels, b, 3, padding=1)
+        self.inp = MessageInputConv(in_channels, b, 3, padding=1)
         skips, cur = [b], b
         self.down_blocks, self.downsample = nn.ModuleList(), nn.ModuleList()
         for i, m in enumerate(mult):
@@ -339,18 +341,13 @@ class SpatialAwareFeatureGenerator(nn.Module):
         a, b = self._start
         x = init_feature.mul(a).add_(self._noise(init_feature, generator), alpha=b)
         x_start = x
-        # The UNet's input conv on [message, x_t] is conv_m(message) + conv_x(x_t) (a conv is linear
-        # in its input channels); the message is the same at every step, so its half (and the bias)
-        # is computed once, and no (N, m + C, H, W) concatenation is built per step.
-        inp, m = self.unet.inp, self.message_channels
-        message_term = F.conv2d(message.to(init_feature.dtype), inp.weight[:, :m], inp.bias, inp.stride,
-                                inp.padding, inp.dilation)
-        feature_weight = inp.weight[:, m:]
+        # The UNet's input conv on [message, x_t]: the message's half (with the bias) once for all
+        # steps, then each step convolves x_t alone and adds it (gencomm.split_conv)
+        message_term = self.unet.inp.message_term(message.to(init_feature.dtype))
         preds, steps = [], []
         for t in range(t_last, -1, -1):
             step = torch.full((x.shape[0],), t, dtype=torch.long, device=x.device)
-            h = F.conv2d(x, feature_weight, None, inp.stride, inp.padding, inp.dilation).add_(message_term)
-            x0 = self.unet.body(h, step)
+            x0 = self.unet.body(self.unet.inp(x, message_term), step)
             preds.append(x0)
             steps.append(t)
             if t > 0:  # the last step's output is x0_hat itself; its posterior mean is never used

@@ -123,3 +123,20 @@ def test_generator_chain_equals_concatenated_input(generator):
     got = safg(msg, init, generator=torch.Generator().manual_seed(4)).feature
     want = reference_generate(safg, msg, init, generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("generator", sorted(GENERATORS))
+def test_flop_count_unchanged_by_the_split(generator):
+    """The FLOP counter's hooks see the split layers' calls: the generator and the enhancer count
+    what the concatenated / chunked computation counts (same layers, same arithmetic)."""
+    from opencood_ext.eval.flops import flops_during
+    link = _link(["m1"], GENERATORS[generator])
+    g = torch.Generator().manual_seed(6)
+    msg = torch.randn(2, 2, H, W, generator=g, dtype=torch.float64)
+    init = torch.randn(2, C, H, W, generator=g, dtype=torch.float64)
+    safg, enh = link.safg["m1"], link.enhancer["m1"]
+    for mods, fast, slow in (
+            ([safg], lambda: safg(msg, init), lambda: reference_generate(safg, msg, init)),
+            ([enh], lambda: enh(init), lambda: reference_enhance(enh, init))):
+        counted = flops_during(mods, fast)
+        assert counted > 0 and counted == flops_during(mods, slow)

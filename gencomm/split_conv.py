@@ -1,0 +1,60 @@
+"""Conv2d layers that compute a part of themselves, for the link's hot paths.
+
+Both are ``nn.Conv2d`` (same parameters, initialisation and state-dict keys; called with the input
+alone they are the plain conv), and each part is computed by CALLING the module, so the forward
+hooks of :mod:`opencood_ext.eval.flops` still see every use of the layer and count it as before.
+
+- :class:`MessageInputConv`: the generator UNet's input conv on ``[message, x_t]`` (channels
+  concatenated). A conv is linear in its input channels, so it is ``conv_m(message) + conv_x(x_t)``
+  with the bias in the message half: the message is the same at every diffusion step, so that
+  half is computed once (:meth:`MessageInputConv.message_term`) and each step convolves only
+  ``x_t`` and adds it, with no (N, m + C, H, W) concatenation built per step. Counted per step as
+  the whole conv (the message half, a 2/130 share at C=128, is not discounted).
+- :class:`RowSlicedConv`: the enhancer's expand conv, whose output is split into two halves; called
+  with ``rows`` it computes only those output channels, so each half is its own contiguous map.
+  The two calls are counted as one full conv.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class MessageInputConv(nn.Conv2d):
+    """Conv2d over ``[message (m channels), x (in_channels - m channels)]``.
+
+    ``forward(x)``: the plain conv on the concatenated (N, in_channels, H, W) input.
+    ``forward(x, message_term)``: ``x`` is the feature part only, (N, in_channels - m, H, W), and
+    ``message_term`` is :meth:`message_term` of the message; the result equals the plain conv on
+    the concatenation (to float rounding; tests/test_gencomm_link_equivalence.py).
+    """
+
+    def message_term(self, message: Tensor) -> Tensor:
+        """(N, m, H, W) message -> (N, out_channels, H', W'): its half of the conv, bias included."""
+        m = message.shape[1]
+        if not 0 < m < self.in_channels:
+            raise ValueError(f"MessageInputConv: message has {m} channels; the conv takes {self.in_channels} in all")
+        return F.conv2d(message, self.weight[:, :m], self.bias, self.stride, self.padding, self.dilation)
+
+    def forward(self, x: Tensor, message_term: Optional[Tensor] = None) -> Tensor:
+        if message_term is None:
+            return super().forward(x)
+        if self.padding_mode != "zeros" or self.groups != 1:
+            raise ValueError("MessageInputConv: the split needs zero padding and groups 1")
+        m = self.in_channels - x.shape[1]
+        out = F.conv2d(x, self.weight[:, m:], None, self.stride, self.padding, self.dilation)
+        return out.add_(message_term)
+
+
+class RowSlicedConv(nn.Conv2d):
+    """Conv2d whose ``forward(x, rows)`` computes only output channels ``rows`` (a slice); groups 1."""
+
+    def forward(self, x: Tensor, rows: Optional[slice] = None) -> Tensor:
+        if rows is None:
+            return super().forward(x)
+        if self.padding_mode != "zeros" or self.groups != 1:
+            raise ValueError("RowSlicedConv: output rows need zero padding and groups 1")
+        bias = None if self.bias is None else self.bias[rows]
+        return F.conv2d(x, self.weight[rows], bias, self.stride, self.padding, self.dilation)
