@@ -224,7 +224,9 @@ def steps_section(results: Results) -> list:
              "A step that a rerun found finished takes seconds; the training rows above give each run's logged "
              "training time. " + (f"Frozen encoders' features were kept in `{results.feature_cache}` and reused "
                                   f"by every onboarding and evaluation." if results.feature_cache else
-                                  "No feature cache: every onboarding and evaluation encoded every frame."), "",
+                                  "No feature cache: every onboarding and evaluation encoded every frame.")
+             + (f" Precision: {results.precision['choice']} ({results.precision['reason']})."
+                if results.precision else ""), "",
              "| kind | steps | minutes | share |", "|---|---|---|---|"]
     lines += [f"| {k} | {n} | {s / 60:.1f} | {s / max(total, 1e-9):.0%} |" for k, (n, s) in
               sorted(kinds.items(), key=lambda kv: -kv[1][1])]

@@ -110,6 +110,11 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     out.mkdir(parents=True, exist_ok=True)
     if feature_cache:
         profile = dataclasses.replace(profile, feature_cache=str(out / "cache" / "features"))
+    from opencood_ext.training.precision import job_precision
+    precision = job_precision()  # float32 everywhere until bf16 is validated (the module says why)
+    log.info("precision: %s (%s)", precision.choice, precision.reason)
+    if precision.choice != "float32":
+        profile = dataclasses.replace(profile, overrides=[*profile.overrides, f"train.amp={precision.choice}"])
     runs = out / "runs"
     reused = found_finished(out, data)
     started = time.time()
@@ -134,7 +139,7 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
                       steps=steps.rows, total_wall_s=time.time() - started, from_scratch=not reused,
                       found_finished=reused, seed_archives=[str(a) for a in archives],
                       seed_spread=spread_json(load_archives(archives)) if len(archives) > 1 else None,
-                      feature_cache=profile.feature_cache)
+                      feature_cache=profile.feature_cache, precision=precision.to_dict())
     results.write(out / "results.json")
     from .report import write_report
     return write_report(results, out)

@@ -149,7 +149,9 @@ class Results:
     older files: the dataset's own test split); commit; command: the invocation's command line;
     configs: the configs root it read; steps; from_scratch / found_finished (:func:`found_finished`);
     seed_archives: the archive folders of the spread; seed_spread: their per-row AP per seed;
-    feature_cache: the folder frozen encoders' features were kept in (None: every encoding computed)."""
+    feature_cache: the folder frozen encoders' features were kept in (None: every encoding computed);
+    precision: the float precision chosen by detection, {choice, reason, cpu_bf16}
+    (:mod:`opencood_ext.training.precision`)."""
 
     profile: str
     seed: int
@@ -169,6 +171,7 @@ class Results:
     seed_archives: List[str] = field(default_factory=list)
     seed_spread: Optional[List[Dict[str, Any]]] = None
     feature_cache: Optional[str] = None
+    precision: Optional[Dict[str, Any]] = None
 
     def main_rows(self) -> List[ResultRow]:
         return [r for r in self.rows if r.table == "main"]
@@ -225,7 +228,8 @@ class Results:
                    found_finished=_check(doc, "", "found_finished", (list,), False, source),
                    seed_archives=_check(doc, "", "seed_archives", (list,), False, source) or [],
                    seed_spread=_check(doc, "", "seed_spread", (list,), False, source),
-                   feature_cache=_check(doc, "", "feature_cache", (str,), False, source))
+                   feature_cache=_check(doc, "", "feature_cache", (str,), False, source),
+                   precision=_check(doc, "", "precision", (dict,), False, source))
 
     @classmethod
     def from_json(cls, text: str, source: str = "<text>") -> "Results":

@@ -1,6 +1,8 @@
 """REPORT.md from a results.json: every row, the paired 'collaborators off' column, the plot."""
+import pytest
+
 from experiments.report import write_report
-from experiments.results import ResultRow, Results
+from experiments.results import ResultRow, Results, ResultsError
 
 
 def _eval(ap5, nbytes):
@@ -130,6 +132,11 @@ def test_cost_table_groups_every_step_by_kind():
         assert row in text, row
     assert "`/out/cache/features`" in text
     assert "No feature cache" in "\n".join(steps_section(Results.from_dict({**doc, "feature_cache": None})))
+    chosen = {"choice": "float32", "reason": "this CPU has no bf16 instructions", "cpu_bf16": False}
+    text = "\n".join(steps_section(Results.from_dict({**doc, "precision": chosen})))
+    assert "Precision: float32 (this CPU has no bf16 instructions)." in text
+    with pytest.raises(ResultsError, match="field precision"):
+        Results.from_dict({**doc, "precision": "bf16"})
 
 
 def test_report_says_what_each_new_type_adds_paired_on_the_same_run(tmp_path):
