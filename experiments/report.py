@@ -17,6 +17,7 @@ from opencood_ext.eval.localisation import FOUND_IOU
 from opencood_ext.run_folder import RunFolder
 
 from .report_cells import ap_cell, differences, fmt_bytes
+from .report_family import compute_family_figures, family_section
 from .report_hetero import hetero_section
 from .results import ResultRow, Results
 
@@ -251,6 +252,16 @@ def seed_section(results: Results) -> list:
     return spread_section(load_archives(folders))
 
 
+def scene_family_section(results: Results) -> list:
+    """AP per scene family of the main table and the benchmark's full alliance (:mod:`experiments.report_family`):
+    results.json's ``scene_families``, computed here from the rows' per-frame records and the test data
+    when an older results.json lacks them."""
+    figures, why_not = results.scene_families, None
+    if figures is None:
+        figures, why_not = compute_family_figures(results.rows, results.test_data or results.data)
+    return family_section(figures, why_not)
+
+
 def _test_split(results: Results) -> str:
     """Which test split every AP is on (results.json's ``test_data``; older results: the dataset's)."""
     test = results.test_data or results.data
@@ -302,6 +313,7 @@ def write_report(results: Results, out: Path) -> Path:
     lines += _pr_section(rows, out)
     lines += robustness_section(out, rows)
     lines += hetero_section(results.hetero_rows(), out)
+    lines += scene_family_section(results)
     lines += seed_section(results)
     lines += steps_section(results)
     path = out / "REPORT.md"

@@ -23,11 +23,15 @@ def ap_cell(ev: dict, order: str, thr: str) -> str:
     return f"{ap:.3f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
 
 
+def diff_text(diff: float, lo: float, hi: float, significant: bool) -> str:
+    """A paired difference as ``+0.012 [-0.01, +0.03]``, bold when ``significant`` (its interval excludes 0)."""
+    cell = f"{diff:+.3f} [{lo:+.2f}, {hi:+.2f}]"
+    return f"**{cell}**" if significant else cell
+
+
 def diff_cell(d, k: int) -> str:
-    """Threshold ``k`` of a paired difference (global order) as ``+0.012 [-0.01, +0.03]``, bold when
-    its interval excludes 0."""
-    cell = f"{d.diff['global'][k]:+.3f} [{d.lo['global'][k]:+.2f}, {d.hi['global'][k]:+.2f}]"
-    return f"**{cell}**" if d.significant("global")[k] else cell
+    """Threshold ``k`` of a paired difference (global order), :func:`diff_text`."""
+    return diff_text(d.diff["global"][k], d.lo["global"][k], d.hi["global"][k], bool(d.significant("global")[k]))
 
 
 def differences(rows: Sequence[ResultRow], reference: str = "GenComm") -> list:

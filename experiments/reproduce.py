@@ -44,6 +44,7 @@ from typing import List, Optional, Sequence
 
 from .pipeline import Steps, found_finished, one_seed, simulate, simulate_test_set
 from .profiles import PROFILES
+from .report_family import compute_family_figures
 from .results import Results, ResultsError
 from .steps import StepError
 
@@ -139,7 +140,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
                       steps=steps.rows, total_wall_s=time.time() - started, from_scratch=not reused,
                       found_finished=reused, seed_archives=[str(a) for a in archives],
                       seed_spread=spread_json(load_archives(archives)) if len(archives) > 1 else None,
-                      feature_cache=profile.feature_cache, precision=precision.to_dict())
+                      feature_cache=profile.feature_cache, precision=precision.to_dict(),
+                      scene_families=compute_family_figures(first.rows, test_root or data)[0])
     results.write(out / "results.json")
     from .report import write_report
     return write_report(results, out)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 TABLES = ("main", "heterogeneous")
+FAMILY_POOL = "pool"  # scene_families: every test frame, beside each family
 
 
 class ResultsError(ValueError):
@@ -47,6 +48,43 @@ def _unknown(doc: dict, known, where: str, source: str) -> None:
     extra = sorted(set(doc) - set(known))
     if extra:
         raise ResultsError(f"{source}: unknown field {where}{extra[0]}")
+
+
+def check_scene_families(fig, source: str = "<dict>") -> Optional[dict]:
+    """``Results.scene_families`` (the figures of :mod:`experiments.report_family`) when well formed,
+    else :class:`ResultsError` naming the field (``scene_families.rows[2].families.road.scenes``)."""
+    if fig is None:
+        return None
+    w = "scene_families."
+    if not isinstance(fig, dict):
+        raise ResultsError(f"{source}: field scene_families must be an object")
+    _unknown(fig, ("test_data", "families", "rows"), w, source)
+    _check(fig, w, "test_data", (str,), True, source)
+    families = _check(fig, w, "families", (dict,), True, source)
+    for name in families:
+        _check(families, f"{w}families.", name, (int,), True, source)
+    for k, row in enumerate(_check(fig, w, "rows", (list,), True, source)):
+        where = f"{w}rows[{k}]."
+        if not isinstance(row, dict):
+            raise ResultsError(f"{source}: field {where.rstrip('.')} must be an object")
+        _unknown(row, ("method", "table", "reference", "families"), where, source)
+        _check(row, where, "method", (str,), True, source)
+        _check(row, where, "reference", (str,), False, source)
+        if _check(row, where, "table", (str,), True, source) not in TABLES:
+            raise ResultsError(f"{source}: field {where}table must be one of {', '.join(TABLES)}, got {row['table']!r}")
+        for fam, entry in _check(row, where, "families", (dict,), True, source).items():
+            inner = f"{where}families.{fam}"
+            if fam not in families and fam != FAMILY_POOL:
+                raise ResultsError(f"{source}: field {inner} is not a family of {w}families ({', '.join(families)})")
+            if not isinstance(entry, dict):
+                raise ResultsError(f"{source}: field {inner} must be an object")
+            _unknown(entry, ("scenes", "frames", "ap", "ap_ci", "vs_reference", "vs_reference_error"), inner + ".",
+                     source)
+            for name, types, required in (("scenes", (int,), True), ("frames", (int,), True), ("ap", (dict,), False),
+                                          ("ap_ci", (dict,), False), ("vs_reference", (dict,), False),
+                                          ("vs_reference_error", (str,), False)):
+                _check(entry, inner + ".", name, types, required, source)
+    return fig
 
 
 def _plain(obj) -> dict:
@@ -151,7 +189,8 @@ class Results:
     seed_archives: the archive folders of the spread; seed_spread: their per-row AP per seed;
     feature_cache: the folder frozen encoders' features were kept in (None: every encoding computed);
     precision: the float precision chosen by detection, {choice, reason, cpu_bf16}
-    (:mod:`opencood_ext.training.precision`)."""
+    (:mod:`opencood_ext.training.precision`); scene_families: AP per scene family of the test data
+    (:mod:`experiments.report_family`; None: not computed, e.g. no row has per-frame records)."""
 
     profile: str
     seed: int
@@ -172,6 +211,7 @@ class Results:
     seed_spread: Optional[List[Dict[str, Any]]] = None
     feature_cache: Optional[str] = None
     precision: Optional[Dict[str, Any]] = None
+    scene_families: Optional[Dict[str, Any]] = None
 
     def main_rows(self) -> List[ResultRow]:
         return [r for r in self.rows if r.table == "main"]
@@ -229,7 +269,8 @@ class Results:
                    seed_archives=_check(doc, "", "seed_archives", (list,), False, source) or [],
                    seed_spread=_check(doc, "", "seed_spread", (list,), False, source),
                    feature_cache=_check(doc, "", "feature_cache", (str,), False, source),
-                   precision=_check(doc, "", "precision", (dict,), False, source))
+                   precision=_check(doc, "", "precision", (dict,), False, source),
+                   scene_families=check_scene_families(doc.get("scene_families"), source))
 
     @classmethod
     def from_json(cls, text: str, source: str = "<text>") -> "Results":
