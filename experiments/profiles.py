@@ -48,15 +48,18 @@ PROFILES = {
     # many short scenarios: 24 train / 8 validate scenes (16 test scenes the tables no longer use); frames of
     # one scene are 0.1 s apart and nearly identical, so scene count, not frame count, is what narrows the
     # test AP's interval: 230 one-frame test scenes give AP@0.5 half-widths of about 0.03 (README)
-    "default": Profile(scenarios=48, frames=6, split=(0.5, 0.1667, 0.3333), test_scenes=230),
-    "quick": Profile(scenarios=4, frames=3, camera_size=(160, 120), onboard_epochs=1, test_scenes=2, overrides=[
+    # both scene families (junction and same-road scenarios in turn), in the dataset and the test set, so the
+    # report's "AP per scene family" section splits every table by family (issue 31 item 5)
+    "default": Profile(scenarios=48, frames=6, split=(0.5, 0.1667, 0.3333), test_scenes=230, scene_family="mixed"),
+    "quick": Profile(scenarios=4, frames=3, camera_size=(160, 120), onboard_epochs=1, test_scenes=2,
+                     scene_family="mixed", overrides=[  # 2 test scenes: one junction, one road
         "train.epochs=1", "train.max_steps_per_epoch=2", "train.max_val_batches=1", "train.num_workers=0",
         "eval.max_frames=3", "eval.plot_every=1"],
         robustness={"noise": "0,0.6", "latency": "0,3", "drop": "0,1"}),  # no level and the largest
     # one GPU: more and longer scenes, every method, three training seeds (each run's own configs' epochs)
     # (sized from the H200 step times of an earlier session; not yet timed end to end on a GPU)
     "paper": Profile(scenarios=80, frames=6, split=(0.5, 0.1667, 0.3333), test_scenes=400,
-                     overrides=["train.num_workers=4"], seeds=(0, 1, 2)),
+                     overrides=["train.num_workers=4"], seeds=(0, 1, 2), scene_family="mixed"),
 }
 
 # (method, config, fusion method used at evaluation)

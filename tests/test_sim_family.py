@@ -179,12 +179,13 @@ def test_main_job_passes_the_profile_family_to_the_simulator(tmp_path, monkeypat
     ran = []
     monkeypatch.setattr(pipeline, "call", ran.append)
     profile = PROFILES["default"]
-    assert profile.scene_family == "junction"
+    assert {p.scene_family for p in PROFILES.values()} == {"mixed"}  # every profile tests on both families
+    assert PROFILES["quick"].test_scenes >= 2  # mixed alternates by scenario index: 2 scenes hold both
     pipeline.simulate(tmp_path / "sim", profile, seed=0)
     pipeline.simulate_test_set(tmp_path / "sim", profile, seed=0)
-    assert [c.value("--family") for c in ran] == ["junction", "junction"]
-    mixed = dataclasses.replace(profile, scene_family="mixed")
-    pipeline.simulate(tmp_path / "sim", mixed, seed=0)
-    pipeline.simulate_test_set(tmp_path / "sim", mixed, seed=0)
-    assert [c.value("--family") for c in ran[2:]] == ["mixed", "mixed"]
+    assert [c.value("--family") for c in ran] == ["mixed", "mixed"]
+    junction = dataclasses.replace(profile, scene_family="junction")
+    pipeline.simulate(tmp_path / "sim", junction, seed=0)
+    pipeline.simulate_test_set(tmp_path / "sim", junction, seed=0)
+    assert [c.value("--family") for c in ran[2:]] == ["junction", "junction"]
     assert all(c.program == "gencomm-sim" for c in ran) and Path(ran[-1].value("-o")).name == "sim_test"
