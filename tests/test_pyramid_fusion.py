@@ -9,6 +9,7 @@ is compared with a restatement of ``PointPillarPyramidLoss.calc_occ_loss``.
 """
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -291,3 +292,17 @@ def test_foreground_loss_is_heal_calc_occ_loss():
     want = heal_occ_loss(occ, (labels == 1).float(), (labels == 0).float(), [1, 2, 4], [0.4, 0.2, 0.1], 2.0, 0.25, 2.0)
     assert float(want) > 0
     torch.testing.assert_close(ours, want, rtol=1e-5, atol=0)
+
+
+def test_fusion_methods_that_skip_the_pyramid_are_refused_in_one_line():
+    """none / late / early detect on an agent's own feature; a pyramid model's head reads the pyramid's
+    wider output, so they would fail deep in torch: refused when set, naming the widths."""
+    from test_registry_contract import FUSION_OP_ARGS, RANGE, TYPES
+
+    model = CooperativeDetector(TYPES, RANGE, fusion="pyramid", fusion_op="pyramid",
+                                fusion_args=FUSION_OP_ARGS["pyramid"])
+    for name in ("none", "late", "early"):
+        with pytest.raises(ValueError, match=rf"fusion '{name}' detects on an agent's own 8-channel feature, but this "
+                                             r"model's head reads its fusion op's 16 channels \(PyramidFusion\)"):
+            model.set_fusion(name)
+    assert model.method.name == "pyramid"

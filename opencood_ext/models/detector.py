@@ -254,6 +254,11 @@ class CooperativeDetector(nn.Module):
         if method.needs_link and self.link is None:
             raise ValueError(f"fusion '{name}' needs a link, and this model was trained without one; "
                              f"it can run {sorted(k for k, c in FUSION_METHODS.items() if not c.needs_link)}")
+        width = getattr(self.fuse, "out_channels", self.channels)
+        if name in ("none", "late", "early") and width != self.channels:
+            raise ValueError(f"fusion '{name}' detects on an agent's own {self.channels}-channel feature, but this "
+                             f"model's head reads its fusion op's {width} channels ({type(self.fuse).__name__}); "
+                             f"evaluate it with fusion {self.method.name}")
         self.method = method
 
     # ------------------------------------------------------------------ features
