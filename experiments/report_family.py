@@ -175,8 +175,9 @@ def family_section(figures: Optional[dict], why_not: Optional[str] = None) -> Li
         entries = [e for e in figures["rows"] if e["table"] == table]
         if not entries:
             continue
-        lines += [f"- {TABLE_TITLES[table]}: " + " ".join(_late_clause(entries, families) or [
-            "no late-fusion row or no feature-level row to compare."])]
+        said = [c for thr in SHOWN for c in _late_clause(entries, families, thr)]
+        lines += [f"- {TABLE_TITLES[table]}: " + (" ".join(said) or "no late-fusion row or no feature-level row "
+                                                  "to compare.")]
     for table in TABLES:
         entries = [e for e in figures["rows"] if e["table"] == table]
         if not entries:

@@ -112,6 +112,7 @@ def test_section_shows_both_families_and_what_late_fusion_leads(tmp_path):
     main_line = next(ln for ln in section.splitlines() if ln.startswith("- Main table:"))
     assert "on junction scenes late fusion (1.000) is ahead of every feature-level row" in main_line
     assert "on road scenes Intermediate (full feature), GenComm (m3 onboarded) beat late fusion (0.200)" in main_line
+    assert "AP@0.5: on junction" in main_line and "AP@0.7: on junction" in main_line  # both thresholds said
     assert main_line.endswith("late fusion's lead is confined to junction scenes.")
     bench_line = next(ln for ln in section.splitlines() if ln.startswith("- Benchmark, full alliance:"))
     assert "late fusion leads in no family" in bench_line
