@@ -16,6 +16,8 @@ Layout of a run folder (every name is built here and nowhere else)::
     eval_<label>.inputs.json          its stamp (:class:`EvaluationStamp`)
     pr_<label>.png  bev/<label>_<i>.png  its precision-recall curves and BEV images
     eval_dynamic.json                 the growing-alliance table (eval/dynamic.py)
+    eval_dynamic_<ckpt>.json          the same of named weights (--checkpoint epoch_2: eval_dynamic_epoch_2.json,
+                                      its alliances eval_dyn_m1+m2_epoch_2.json)
 
 A reference (OpenCOOD / HEAL) run folder holds ``config.yaml`` and ``net_epoch*.pth`` instead.
 
@@ -46,6 +48,7 @@ DYNAMIC = "dynamic"  # the label of the growing-alliance table, eval_dynamic.jso
 _REFERENCE_WEIGHTS = re.compile(r"net_epoch(_bestval_at)?(\d+)\.pth\Z")
 CHECKPOINT_NAMES = "best, last or epoch_N"  # what CheckpointPaths.named takes (gencomm-infer --checkpoint)
 _CHECKPOINT_NAME = re.compile(r"(best|last|epoch_([1-9]\d*))\Z")
+_DYNAMIC_OF = re.compile(r"eval_" + DYNAMIC + r"_(best|last|epoch_[1-9]\d*)\.json\Z")
 
 
 def check_checkpoint_name(which: str) -> str:
@@ -126,14 +129,15 @@ def evaluation_label(fusion: Optional[str] = None, channel: Optional["ChannelCon
     A plain evaluation: the fusion method ("no" read as "none"), plus what differs from the plain
     evaluation (pose noise, loss, latency, wire dtype, and the channel seed when any of them is set),
     e.g. ``late_noise0.2m0.2deg_seed1``. ``alliance`` (ego type first): the growing-alliance step
-    ``dyn_m1+m2`` instead (fusion and channel do not enter it). ``split_suffix``: another split than the
+    ``dyn_m1+m2`` instead (fusion and channel do not enter it; a checkpoint does: ``dyn_m1+m2_epoch_2``). ``split_suffix``: another split than the
     run's own evaluation split (``_validate``), which the JSON does not record. ``checkpoint``: a
     named checkpoint (:meth:`CheckpointPaths.named`) instead of the run's evaluation weights, appended
     (``intermediate_epoch_3``, ``intermediate_last``)."""
     if alliance is not None:
         if not alliance:
             raise ValueError("an alliance has at least the ego's type")
-        return "dyn_" + "+".join(alliance) + split_suffix
+        named = "_" + check_checkpoint_name(checkpoint) if checkpoint is not None else ""
+        return "dyn_" + "+".join(alliance) + named + split_suffix
     if not fusion:
         raise ValueError("evaluation_label needs the fusion method or an alliance")
     parts = [FUSION_ALIASES.get(fusion, fusion)]
@@ -150,6 +154,13 @@ def evaluation_label(fusion: Optional[str] = None, channel: Optional["ChannelCon
     if checkpoint is not None:
         parts.append(check_checkpoint_name(checkpoint))
     return "_".join(parts) + split_suffix
+
+
+def dynamic_label(checkpoint: Optional[str] = None) -> str:
+    """The label of a growing-alliance table: ``dynamic`` (the run's evaluation weights), or with a named
+    checkpoint ``dynamic_epoch_2`` / ``dynamic_last`` / ``dynamic_best``, so scoring other weights never
+    overwrites the default table."""
+    return DYNAMIC if checkpoint is None else f"{DYNAMIC}_{check_checkpoint_name(checkpoint)}"
 
 
 # ---------------------------------------------------------------------------------------- the reuse rule
@@ -305,6 +316,12 @@ class RunFolder:
         """Labels of the evaluations here that have per-frame records."""
         head, tail = "eval_", "_frames.npz"
         return sorted(p.name[len(head):-len(tail)] for p in self.root.glob(f"{head}*{tail}"))
+
+    def dynamic_checkpoints(self) -> List[str]:
+        """The named checkpoints (``epoch_2``, ``last``, ...) with a growing-alliance table here
+        (``eval_dynamic_<ckpt>.json``), epochs in epoch order, then ``best`` and ``last``."""
+        found = [m.group(1) for p in self.root.glob(f"eval_{DYNAMIC}_*.json") if (m := _DYNAMIC_OF.match(p.name))]
+        return sorted(found, key=lambda c: (0, int(c[len("epoch_"):])) if c.startswith("epoch_") else (1, c))
 
     def read_evaluation(self, label: str) -> dict:
         """``eval_<label>.json``; FileNotFoundError / ValueError (naming the file) when missing or not JSON."""

@@ -63,5 +63,50 @@ def test_infer_scores_a_named_epoch_into_its_own_label(run, capsys):
     assert "--checkpoint epoch_7: no checkpoints/epoch_7.pth" in capsys.readouterr().err
     assert inference.main(argv + ["--checkpoint", "newest"]) == 2
     assert "--checkpoint must be best, last or epoch_N" in capsys.readouterr().err
-    assert inference.main(argv + ["--checkpoint", "last", "--dynamic", "m1"]) == 2
+    assert inference.main(["--late_of", f"m1={run}", "-o", str(run.parent / "late"), "--checkpoint", "last",
+                           "--dynamic", "m1", "--max_frames", "1"]) == 2
     assert "not with --late_of" in capsys.readouterr().err
+
+
+def _files(folder: RunFolder, label: str):
+    return [folder.evaluation(label), folder.frames(label)]  # an alliance's evaluation and records (no stamp)
+
+
+def test_dynamic_with_a_checkpoint_writes_labelled_files_and_keeps_the_default_ones(run, capsys):
+    """--dynamic --checkpoint epoch_1: eval_dyn_m1_epoch_1.json and eval_dynamic_epoch_1.json with its own
+    stamp; the default (best) files written before are untouched, --reuse tells the two apart."""
+    argv = ["--model_dir", str(run), "--dynamic", "m1", "--max_frames", "1", "--reuse"]
+    folder = RunFolder(run)
+    assert inference.main(argv) == 0
+    default = {p: p.read_bytes() for p in [*_files(folder, "dyn_m1"), folder.evaluation("dynamic"),
+                                           folder.stamp("dynamic")]}
+    capsys.readouterr()
+    assert inference.main(argv + ["--checkpoint", "epoch_1"]) == 0
+    assert "is current" not in capsys.readouterr().out  # the default's stamp does not count for epoch_1
+    assert all(p.is_file() for p in [*_files(folder, "dyn_m1_epoch_1"), folder.evaluation("dynamic_epoch_1"),
+                                     folder.stamp("dynamic_epoch_1")])
+    assert {p: p.read_bytes() for p in default} == default  # nothing of the default evaluation changed
+    table = folder.read_evaluation("dynamic_epoch_1")
+    assert [row["types"] for row in table] == [["m1"]]
+    assert table[0]["frames_file"].endswith("eval_dyn_m1_epoch_1_frames.npz")
+    stamp = json.loads(folder.stamp("dynamic_epoch_1").read_text())["command"]
+    assert stamp[stamp.index("--checkpoint") + 1] == "epoch_1"
+    assert folder.dynamic_checkpoints() == ["epoch_1"]
+    assert inference.main(argv + ["--checkpoint", "epoch_1"]) == 0  # now current: reused
+    assert "eval_dynamic_epoch_1.json is current" in capsys.readouterr().out
+    assert inference.main(argv) == 0
+    assert "eval_dynamic.json is current" in capsys.readouterr().out
+
+
+def test_dynamic_labels_carry_the_checkpoint(tmp_path):
+    from opencood_ext.run_folder import dynamic_label
+    assert evaluation_label(alliance=["m1", "m2"], checkpoint="epoch_2") == "dyn_m1+m2_epoch_2"
+    assert evaluation_label(alliance=["m1", "m2"]) == "dyn_m1+m2"
+    assert (dynamic_label(), dynamic_label("epoch_2"), dynamic_label("last")) == \
+        ("dynamic", "dynamic_epoch_2", "dynamic_last")
+    with pytest.raises(ValueError, match="best, last or epoch_N"):
+        dynamic_label("epoch_0")
+    folder = RunFolder(tmp_path)
+    for label in ("dynamic", "dynamic_epoch_10", "dynamic_epoch_2", "dynamic_last", "dyn_m1_epoch_3", "dynamic_x"):
+        folder.evaluation(label).write_text("[]")
+    assert folder.dynamic_checkpoints() == ["epoch_2", "epoch_10", "last"]

@@ -26,8 +26,9 @@ reference's (102.4,51.2; opencood_ext/eval/detection_range.py), under native the
 
 Which weights: best.pth (the epoch validation selected, training/selection.py; latest.pth when
 validation never ran) unless --checkpoint names others: ``last`` (latest.pth, the last epoch),
-``best``, ``epoch_N``; the label then ends in the name (eval_intermediate_epoch_3.json), so scoring
-every epoch of a run keeps each result. Works the same on stage-1 and gencomm-onboard run folders.
+``best``, ``epoch_N``; the label then ends in the name (eval_intermediate_epoch_3.json; with --dynamic
+eval_dyn_m1+m2_epoch_3.json and eval_dynamic_epoch_3.json), so scoring every epoch of a run keeps each
+result and never overwrites the default (best) files. Works the same on stage-1 and gencomm-onboard run folders.
 
 Writes eval_<method>.yaml / .json (eval_dynamic.json) and bev/*.png into the run folder, and
 the evaluation's stamp eval_<label>.inputs.json (its command, code and input files). --reuse skips
@@ -110,9 +111,9 @@ def _run(args) -> int:
     check_label(args.label)  # eval_<label>.json is written into the run folder: a plain name, never a path
     if args.checkpoint is not None:
         check_checkpoint_name(args.checkpoint)
-        if args.late_of or args.dynamic:
-            raise ValueError("--checkpoint evaluates one run's named weights: not with --late_of (each run's own "
-                             "evaluation weights) or --dynamic (its eval_dyn_* labels do not carry the checkpoint)")
+        if args.late_of:
+            raise ValueError("--checkpoint evaluates one run's named weights: not with --late_of (each run is "
+                             "evaluated with its own evaluation weights)")
     given_range = parse_range(args.range)
     if args.late_of:
         from opencood_ext.runs import late_fusion_of
@@ -178,7 +179,8 @@ def _run(args) -> int:
     print(f"== {args.model_dir} on {split} ==")
     if order:
         from opencood_ext.eval.dynamic import format_dynamic, run_dynamic
-        print(format_dynamic(run_dynamic(cfg, model, order, split, out_dir=args.model_dir, max_frames=max_frames)))
+        print(format_dynamic(run_dynamic(cfg, model, order, split, out_dir=args.model_dir, max_frames=max_frames,
+                                         checkpoint=args.checkpoint)))
     else:
         dataset = build_dataset(cfg, split, train=False, fusion=model.fusion, latency_frames=args.latency_frames)
         result = evaluate(model, dataset, out_dir=args.model_dir,

@@ -6,7 +6,9 @@ and GFLOPs of what the run's onboarding method trains for it
 (:meth:`~opencood_ext.methods.base.OnboardingMethod.cost`; GenComm: its message
 extractor). Each alliance's evaluation is written as ``eval_dyn_<types>.json``
 (with its per-frame records, so alliances and runs can be compared pairwise), the
-table as ``eval_dynamic.json`` (names: :class:`~opencood_ext.run_folder.RunFolder`).
+table as ``eval_dynamic.json`` (names: :class:`~opencood_ext.run_folder.RunFolder`). Weights other
+than the run's evaluation weights (``checkpoint``: ``epoch_2``, ``last``) carry their name in every
+label (``eval_dyn_m1+m2_epoch_2.json``, ``eval_dynamic_epoch_2.json``), so the default files stay.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from .evaluate import EvalResult, evaluate
 from ..experiment import ExperimentConfig, build_dataset
 from ..data.batch import collate_samples
 from ..methods.base import ONBOARDING
-from ..run_folder import DYNAMIC, RunFolder, evaluation_label
+from ..run_folder import RunFolder, dynamic_label, evaluation_label
 
 
 @dataclass
@@ -53,8 +55,10 @@ def onboarding_cost(cfg: ExperimentConfig, model, dataset, agent_type: str):
 
 
 def run_dynamic(cfg: ExperimentConfig, model, order: Sequence[str], split: str,
-                out_dir: Optional[Path] = None, max_frames: Optional[int] = None, channel=None) -> List[DynamicRow]:
-    """Evaluate the alliance ``order[:1]``, ``order[:2]``, ... with the same trained model."""
+                out_dir: Optional[Path] = None, max_frames: Optional[int] = None, channel=None,
+                checkpoint: Optional[str] = None) -> List[DynamicRow]:
+    """Evaluate the alliance ``order[:1]``, ``order[:2]``, ... with the same trained model; ``checkpoint``:
+    the named weights ``model`` holds (None: the run's evaluation weights), which enters every label."""
     missing = [t for t in order if t not in model.encoders]
     if missing:
         raise ValueError(f"types {missing} are not in this model (it has {sorted(model.encoders)})")
@@ -65,13 +69,13 @@ def run_dynamic(cfg: ExperimentConfig, model, order: Sequence[str], split: str,
         sub.data.agent_types = {t: cfg.data.agent_types[t] for t in types}
         dataset = build_dataset(sub, split, train=False, fusion=model.fusion)
         torch.manual_seed(cfg.train.seed)  # GenComm's diffusion noise: the same draws for every alliance
-        res = evaluate(model, dataset, out_dir=out_dir, max_frames=max_frames, label=evaluation_label(alliance=types),
+        res = evaluate(model, dataset, out_dir=out_dir, max_frames=max_frames, label=evaluation_label(alliance=types, checkpoint=checkpoint),
                        channel=channel)
         params, gflops = onboarding_cost(cfg, model, dataset, types[-1]) if k > 1 else (None, None)
         rows.append(DynamicRow(types, res, params, gflops))
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        RunFolder(out_dir).evaluation(DYNAMIC).write_text(json.dumps(
+        RunFolder(out_dir).evaluation(dynamic_label(checkpoint)).write_text(json.dumps(
             [{"types": r.types, "onboard_params": r.onboard_params, "onboard_gflops": r.onboard_gflops,
               **r.result.to_json()} for r in rows], indent=2))
     return rows

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, List, Optional, Tuple
 
 from ..comm.channel import ChannelConfig
-from ..run_folder import DYNAMIC, EvaluationStamp, RunFolder
+from ..run_folder import EvaluationStamp, RunFolder, dynamic_label
 
 if TYPE_CHECKING:
     from ..experiment import ExperimentConfig
@@ -30,7 +30,7 @@ class EvaluationSettings:
     wire_dtype: the imperfect channel (a perfect channel's seed draws nothing and is left out);
     blank_messages: types sending all-zero maps; overrides: the ``--set`` items the config was loaded
     with, in order; label: the ``eval_<label>.json`` written; dynamic: the joining order of a
-    growing-alliance evaluation (its label is ``dynamic``); late_of: ``TYPE=RUN`` items of a late
+    growing-alliance evaluation (its label is ``dynamic``, or ``dynamic_<checkpoint>``); late_of: ``TYPE=RUN`` items of a late
     fusion of single-type runs (then run_dir is only where the results go); checkpoint: the named
     weights evaluated (best, last, epoch_N), None: the run's evaluation weights."""
 
@@ -74,9 +74,9 @@ class EvaluationSettings:
 
     @property
     def stamp_label(self) -> str:
-        """The label whose stamp the evaluation keeps: ``label``, or ``dynamic`` for a growing alliance
-        (whose table is ``eval_dynamic.json``)."""
-        return DYNAMIC if self.dynamic else self.label
+        """The label whose stamp the evaluation keeps: ``label``, or for a growing alliance its table's
+        (``dynamic``: eval_dynamic.json; with a named checkpoint ``dynamic_epoch_2``: eval_dynamic_epoch_2.json)."""
+        return dynamic_label(self.checkpoint) if self.dynamic else self.label
 
     def runs(self) -> List[Path]:
         """The run folders the evaluated model is loaded from."""
