@@ -192,6 +192,7 @@ def family_section(figures: Optional[dict], why_not: Optional[str] = None) -> Li
             continue
         lines += ["", f"Paired differences against {ref} per family (AP minus GenComm's on the same frames of the "
                   "family; **bold**: the 95% interval excludes 0):", "", header, rule]
-        lines += [f"| {e['method']} | " + " | ".join(_diff_text(e["families"].get(f, {}), t) for f in cols for t in SHOWN)
-                  + " |" for e in entries if e.get("reference")]
+        lines += [f"| {e['method']} | " + " | ".join(_diff_text(e["families"].get(f, {}), t)
+                                                     for f in cols for t in SHOWN) + " |"
+                  for e in entries if e.get("reference")]
     return lines + [""]
