@@ -19,6 +19,11 @@ per message. Plus two references built from the stage-1 runs alone: No fusion
 (m1's run with its collaborators off) and Late fusion (each agent detecting with
 its own run, ``gencomm-infer --late_of``).
 
+``score_epochs``: every onboarding's kept epochs (``checkpoints/epoch_N.pth``) are evaluated dynamically
+too (``gencomm-infer --dynamic ... --checkpoint epoch_N``, into ``eval_dynamic_epoch_N.json`` beside the
+selected weights' ``eval_dynamic.json``), so the report can show AP per onboarding epoch
+(:mod:`experiments.report_epochs`); it costs epochs x alliances evaluations per method.
+
 Every step is a command-line program run in-process (:mod:`experiments.steps`), as the main
 job's other steps, and is resumable: finished runs are skipped.
 """
@@ -72,7 +77,7 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
                   onboard_epochs=None, methods=METHODS, types: Sequence[str] = TYPES,
                   competitor_stage1: Optional[Dict[str, Path]] = None,
                   eval_overrides: Sequence[str] = (), configs: Optional[Path] = None,
-                  feature_cache: Optional[str] = None) -> List[ResultRow]:
+                  feature_cache: Optional[str] = None, score_epochs: bool = False) -> List[ResultRow]:
     """Onboard and evaluate every method, then the stage-1 references; -> results rows.
 
     stage1: GenComm's stage-1 run per type; competitor_stage1: the full-feature stage-1 run per
@@ -84,7 +89,8 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
     caps); onboard_overrides: extra ones for onboarding only; eval_overrides: extra ones for
     evaluation only (e.g. the separate test set's data root); types: the alliance in joining
     order, the ego's type first (run folders are named after the new types); feature_cache: the folder
-    every onboarding and evaluation keeps frozen encoders' features in (None: off)."""
+    every onboarding and evaluation keeps frozen encoders' features in (None: off); score_epochs: also
+    evaluate every kept epoch of every onboarding (module docstring)."""
     types = list(types)
     if competitor_stage1 is not None and not set(types) <= set(competitor_stage1):
         raise ValueError(f"competitor stage-1 runs for {sorted(competitor_stage1)}, the alliance is {types}")
@@ -106,6 +112,9 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
             argv += ["--epochs", str(onboard_epochs)]
         run_cmd(Command("gencomm-onboard", argv))
         run_cmd(Command("gencomm-infer", ["--model_dir", run, "--dynamic", order, "--reuse", *eval_sets]))
+        for n in RunFolder(run).checkpoints.epoch_files() if score_epochs else ():
+            run_cmd(Command("gencomm-infer", ["--model_dir", run, "--dynamic", order, "--checkpoint", f"epoch_{n}",
+                                              "--reuse", *eval_sets]))
         ob = json.loads(RunFolder(run).onboarding_report.read_text())
         origin = "full-feature stage-1 runs" if own else "GenComm's stage-1 runs"
         rows.append(_row(f"{name} ({joined} onboarded)", run, _dynamic(run), f"stage 2 ({method}) from {origin}",

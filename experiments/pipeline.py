@@ -207,5 +207,5 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
         rows += run_benchmark(runs, stage1, profile.family, steps.call,
                           [f"data.root={data}", *profile.overrides], onboard_epochs=profile.onboard_epochs,
                           types=profile.benchmark_types, competitor_stage1=competitor, eval_overrides=eval_sets,
-                          configs=configs, feature_cache=profile.feature_cache)
+                          configs=configs, feature_cache=profile.feature_cache, score_epochs=profile.score_epochs)
     return SeedResult(rows, onboarding, wall1)

@@ -24,7 +24,10 @@ class Profile:
     test_scenes: > 0 evaluates every row on a separate test set of that many scenes of
     ``test_frames`` frames each (:func:`experiments.pipeline.test_set_root`), not on the dataset's own
     test split. Frames of one scene are nearly redundant, so many one-frame scenes narrow a
-    scene-bootstrap interval far more than the same number of frames in few scenes (docs/statistics.md)."""
+    scene-bootstrap interval far more than the same number of frames in few scenes (docs/statistics.md).
+
+    score_epochs: the benchmark also evaluates every kept epoch of every onboarding on the test set
+    (:func:`experiments.benchmark.run_benchmark`; epochs x alliances more evaluations per method)."""
 
     scenarios: int
     frames: int
@@ -41,6 +44,7 @@ class Profile:
     test_scenes: int = 0
     test_frames: int = 1
     feature_cache: Optional[str] = None
+    score_epochs: bool = False
     scene_family: str = "junction"  # gencomm-sim --family of the dataset and the test set (opencood_ext.sim.families)
 
 

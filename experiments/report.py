@@ -18,6 +18,7 @@ from opencood_ext.run_folder import RunFolder
 
 from .report_cells import ap_cell, differences, fmt_bytes
 from .report_family import compute_family_figures, family_section
+from .report_epochs import epoch_sections
 from .report_hetero import hetero_section
 from .results import ResultRow, Results
 
@@ -313,6 +314,7 @@ def write_report(results: Results, out: Path) -> Path:
     lines += _pr_section(rows, out)
     lines += robustness_section(out, rows)
     lines += hetero_section(results.hetero_rows(), out)
+    lines += epoch_sections(results, out)  # only when the benchmark scored its onboarding epochs
     lines += scene_family_section(results)
     lines += seed_section(results)
     lines += steps_section(results)

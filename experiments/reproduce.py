@@ -44,6 +44,7 @@ from typing import List, Optional, Sequence
 
 from .pipeline import Steps, found_finished, one_seed, simulate, simulate_test_set
 from .profiles import PROFILES
+from .report_epochs import seed_runs
 from .report_family import compute_family_figures
 from .results import Results, ResultsError
 from .steps import StepError
@@ -79,7 +80,7 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
               seeds: Optional[Sequence[int]] = None, benchmark: bool = True, robustness: bool = True,
               benchmark_types: Optional[Sequence[str]] = None, competitor_stage1: Optional[str] = None,
               test_scenes: Optional[int] = None, configs: Optional[Path] = None,
-              command: str = "gencomm-reproduce", feature_cache: bool = True) -> Path:
+              command: str = "gencomm-reproduce", feature_cache: bool = True, score_epochs: bool = False) -> Path:
     """The main job (module docstring). ``seed``: the data and channel seed; ``seeds``: training seeds
     (default: the profile's); every row is trained once per training seed (seed 0's runs in ``runs``,
     another seed's in ``runs/seed<s>``), the report shows the first seed's rows and the spread across seeds.
@@ -89,7 +90,9 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     (None: the profile's; 0: the dataset's own test split). ``configs``: the configs root (default the
     shipped configs); ``command``: the invocation's command line, recorded in results.json and the archives;
     ``feature_cache``: keep frozen encoders' features in ``out/cache/features`` (results equal the uncached
-    ones; False computes every encoding, for a side-by-side check)."""
+    ones; False computes every encoding, for a side-by-side check); ``score_epochs``: the benchmark evaluates
+    every kept epoch of every onboarding too (:attr:`Profile.score_epochs`), for the report's AP per
+    onboarding epoch and what the camera adds at each."""
     from opencood_ext.config_files import configs_root
     profile = PROFILES[profile_name]
     if not benchmark:
@@ -100,6 +103,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
         if competitor_stage1 not in ("own", "gencomm"):
             raise ValueError(f"competitor_stage1 must be 'own' or 'gencomm', got {competitor_stage1!r}")
         profile = dataclasses.replace(profile, competitor_stage1=competitor_stage1)
+    if score_epochs:
+        profile = dataclasses.replace(profile, score_epochs=True)
     if test_scenes is not None:
         if test_scenes < 0:
             raise ValueError(f"test_scenes must be >= 0, got {test_scenes}")
@@ -127,7 +132,7 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     commit = git_commit(SOURCE)
     for k, s in enumerate(seeds):
         # seed 0's runs in runs/, another seed's in runs/seed<s> (so adding a seed later never resumes seed 0's)
-        per_seed[s] = one_seed(out, runs if s == 0 else runs / f"seed{s}", data, profile, s, steps, configs,
+        per_seed[s] = one_seed(out, seed_runs(runs, s), data, profile, s, steps, configs,
                                robustness=robustness and k == 0, test_root=test_root)
         archive_seed(per_seed[s].rows, s, out / "seeds",  # it keeps the main table's rows
                      {"profile": profile_name, "data_seed": seed, "commit": commit, "command": command})
@@ -201,6 +206,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--no_feature_cache", action="store_true",
                    help="encode every frame in every onboarding and evaluation (default: frozen encoder stacks' "
                         "features are kept in OUT/cache/features and reused; the results are the same)")
+    p.add_argument("--score_epochs", action="store_true",
+                   help="the benchmark also evaluates every kept epoch of every onboarding on the test set (AP per "
+                        "onboarding epoch and what the camera adds at each, in REPORT.md); costs epochs x alliances "
+                        "more evaluations per method (4 epochs x 4 alliances: 16 per method, 96 for the six rows)")
     args = p.parse_args(None if argv is None else list(argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     profile = args.profile or ("quick" if args.quick else "default")
@@ -213,7 +222,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            benchmark_types=args.benchmark_types.split(",") if args.benchmark_types else None,
                            competitor_stage1=args.competitor_stage1, test_scenes=args.test_scenes,
                            configs=args.configs, command=shlex.join(["gencomm-reproduce", *words]),
-                           feature_cache=not args.no_feature_cache)
+                           feature_cache=not args.no_feature_cache, score_epochs=args.score_epochs)
     except (ValueError, FileNotFoundError, StepError, ResultsError) as exc:
         print(f"error: gencomm-reproduce: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

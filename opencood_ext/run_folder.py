@@ -129,10 +129,10 @@ def evaluation_label(fusion: Optional[str] = None, channel: Optional["ChannelCon
     A plain evaluation: the fusion method ("no" read as "none"), plus what differs from the plain
     evaluation (pose noise, loss, latency, wire dtype, and the channel seed when any of them is set),
     e.g. ``late_noise0.2m0.2deg_seed1``. ``alliance`` (ego type first): the growing-alliance step
-    ``dyn_m1+m2`` instead (fusion and channel do not enter it; a checkpoint does: ``dyn_m1+m2_epoch_2``). ``split_suffix``: another split than the
-    run's own evaluation split (``_validate``), which the JSON does not record. ``checkpoint``: a
-    named checkpoint (:meth:`CheckpointPaths.named`) instead of the run's evaluation weights, appended
-    (``intermediate_epoch_3``, ``intermediate_last``)."""
+    ``dyn_m1+m2`` instead (fusion and channel do not enter it; a checkpoint does: ``dyn_m1+m2_epoch_2``).
+    ``split_suffix``: another split than the run's own evaluation split (``_validate``), which the JSON
+    does not record. ``checkpoint``: a named checkpoint (:meth:`CheckpointPaths.named`) instead of the run's
+    evaluation weights, appended (``intermediate_epoch_3``, ``intermediate_last``)."""
     if alliance is not None:
         if not alliance:
             raise ValueError("an alliance has at least the ego's type")

@@ -69,8 +69,8 @@ def run_dynamic(cfg: ExperimentConfig, model, order: Sequence[str], split: str,
         sub.data.agent_types = {t: cfg.data.agent_types[t] for t in types}
         dataset = build_dataset(sub, split, train=False, fusion=model.fusion)
         torch.manual_seed(cfg.train.seed)  # GenComm's diffusion noise: the same draws for every alliance
-        res = evaluate(model, dataset, out_dir=out_dir, max_frames=max_frames, label=evaluation_label(alliance=types, checkpoint=checkpoint),
-                       channel=channel)
+        res = evaluate(model, dataset, out_dir=out_dir, max_frames=max_frames,
+                       label=evaluation_label(alliance=types, checkpoint=checkpoint), channel=channel)
         params, gflops = onboarding_cost(cfg, model, dataset, types[-1]) if k > 1 else (None, None)
         rows.append(DynamicRow(types, res, params, gflops))
     if out_dir is not None:
