@@ -24,6 +24,8 @@ BENCHMARKS = {
     "sim": ("experiments.bench.sim", "simulator LiDAR agent-scans/s, rays/s vs bare Embree, camera cost"),
     "train": ("experiments.bench.train_step", "train step / inference frame: no fusion vs intermediate vs GenComm, module shares"),
     "gencomm": ("experiments.bench.gencomm_modules", "message extractor, generator, wire format cost"),
+    "link": ("experiments.bench.link_cost", "GenComm link forward+backward: straightforward vs current "
+             "computation, side by side"),
     "fusion": ("experiments.bench.fusion_ops", "fusion ops (max, att, V2X-ViT sim / reference setting): params, fwd+bwd time"),
     "warp": ("experiments.bench.warp_sensitivity", "AP a trained detector loses when its own feature is warped"),
     "job": ("experiments.bench.job_cost", "the main job's minutes per kind of step, projected from measured steps "
