@@ -152,3 +152,27 @@ def test_reproduce_flag_reaches_the_job(monkeypatch, tmp_path):
     assert seen["score_epochs"] is True
     assert reproduce.main(["--quick", "--out", str(tmp_path)]) == 0
     assert seen["score_epochs"] is False
+
+
+@pytest.mark.slow
+def test_a_real_onboarding_keeps_its_epochs_and_each_is_scored(tmp_path):
+    """End to end on tiny runs: gencomm-onboard for 2 epochs keeps epoch_1.pth and epoch_2.pth, gencomm-infer
+    --dynamic --checkpoint scores each beside the default table, and the report reads them back."""
+    from experiments.report_epochs import ap_per_epoch_lines, scored_run
+    from opencood_ext.cli import inference, onboard
+    from tiny_runs import gencomm_stage1_runs
+
+    runs = gencomm_stage1_runs(tmp_path / "stage1")
+    out = tmp_path / "onboard"
+    assert onboard.main(["--ego", str(runs["m1"]), "--new", str(runs["m3"]), "-o", str(out), "--epochs", "2",
+                         "--set", "train.max_steps_per_epoch=1", "--set", "train.num_workers=0",
+                         "--set", "train.val_every=1"]) == 0  # the tiny stage-1 runs skip validation; this does not
+    assert list(RunFolder(out).checkpoints.epoch_files()) == [1, 2]
+    argv = ["--model_dir", str(out), "--dynamic", "m1,m3", "--max_frames", "2", "--reuse"]
+    for extra in ([], ["--checkpoint", "epoch_1"], ["--checkpoint", "epoch_2"]):
+        assert inference.main(argv + extra) == 0
+    scored = scored_run("GenComm", out)
+    assert sorted(scored.epochs) == [1, 2] and scored.selected is not None
+    assert scored.best_epoch in (1, 2)  # onboarding.json says which epoch best.pth holds
+    text = "\n".join(ap_per_epoch_lines({0: [scored]}))
+    assert "| method | epoch 1 | epoch 2 | best.pth |" in text and "full alliance {m1, m3}" in text
