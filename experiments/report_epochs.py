@@ -58,7 +58,10 @@ def scored_run(method: str, run: Path, boot: Optional[dict] = None) -> Optional[
     selected = folder.read_evaluation(dynamic_label()) if folder.evaluation(dynamic_label()).is_file() else None
     best = None
     if folder.onboarding_report.is_file():
-        best = json.loads(folder.onboarding_report.read_text()).get("best_epoch")
+        try:
+            best = json.loads(folder.onboarding_report.read_text()).get("best_epoch")
+        except (json.JSONDecodeError, AttributeError):
+            raise ValueError(f"{folder.onboarding_report}: not a JSON object with best_epoch") from None
     return ScoredRun(method, Path(run), epochs, selected, best, dict(boot or {}))
 
 
