@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from opencood_ext.run_folder import DYNAMIC, RunFolder, evaluation_label
 
-from .pipeline import run_facts
+from .run_facts import run_facts
 from .results import ResultRow
 from .steps import Command, sets
 

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from opencood_ext.run_folder import RunFolder, evaluation_label
-from opencood_ext.training.runlog import optimizer_steps, training_wall_time
+from opencood_ext.training.runlog import training_wall_time
 
 from .profiles import BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE2, TEST_SEED_OFFSET, Profile
 from .results import ResultRow, StepTime
+from .run_facts import run_facts
 from .steps import Command, call, sets
 
 
@@ -105,16 +106,6 @@ def count_trainable(run: Path) -> int:
     from opencood_ext.experiment import build_model, load_experiment
     model = build_model(load_experiment(RunFolder(run).config))
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def run_facts(run: Path, trained: bool = True) -> dict:
-    """A results row's ``protocol``, ``training_seed`` and ``optimizer_steps`` from run folder ``run``'s
-    config and training log; ``trained`` False (a row built from stage-1 runs without training, e.g.
-    late fusion of them: ``run`` is then a stage-1 run): 0 optimizer steps."""
-    from opencood_ext.experiment import load_experiment
-    cfg = load_experiment(RunFolder(run).config)
-    return {"protocol": cfg.protocol, "training_seed": cfg.train.seed,
-            "optimizer_steps": optimizer_steps(run) if trained else 0}
 
 
 class Steps:
