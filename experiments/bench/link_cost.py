@@ -10,7 +10,7 @@ backward. ``straightforward`` is the computation before issue 30 item 4, written
 the generator's UNet on the concatenated ``[message, x_t]`` at every step, the enhancer's expand
 conv chunked into its halves, each type's rows gathered into a zero-filled output by index, and
 ``F.embedding_bag``'s own backward for the deformable gather. Both are run once and compared
-(``max_abs_diff_*``) before the timing; the two alternate within each repetition, and the
+(``max_abs_diff_*``) before the timing; the two alternate, in turn first (ABBA), and the
 figures are medians (``current_over_straightforward``: the speed-up's inverse), also per part
 (``*_message_extractor``, ``*_generator``, ``*_enhancer``: that module's forward + backward alone).
 The equality itself is tested in ``tests/test_gencomm_link_equivalence.py``.
@@ -151,8 +151,8 @@ def main(argv=None) -> dict:
         times: Dict[str, List[float]] = {k: [] for k in fns}
         for k, fn in fns.items():
             fn()  # warm-up
-        for _ in range(args.repeat):
-            for k, fn in fns.items():
+        for rep in range(args.repeat):
+            for k, fn in (list(fns.items()) if rep % 2 == 0 else list(fns.items())[::-1]):  # ABBA order
                 t0 = clock()
                 fn()
                 times[k].append(clock() - t0)
