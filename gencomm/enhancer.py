@@ -33,8 +33,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .split_conv import RowSlicedConv
-
 
 class PartialConv(nn.Module):
     """3x3 conv over the first ``k = round(C * ratio)`` channels; the others pass through."""
@@ -135,7 +133,7 @@ class ChannelEnhancer(nn.Module):
         hidden = max(1, int(round(channels * expansion)))
         squeeze = max(1, channels // reduction)
         self.partial = PartialConv(channels, partial_ratio)
-        self.expand = RowSlicedConv(channels, 2 * hidden, 1)
+        self.expand = nn.Conv2d(channels, 2 * hidden, 1)
         self.gate_dw = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden)
         self.project = nn.Conv2d(hidden, channels, 1)
         nn.init.zeros_(self.project.weight)
@@ -151,10 +149,7 @@ class ChannelEnhancer(nn.Module):
             raise ValueError(f"ChannelEnhancer expects (N, {self.channels}, H, W), got {tuple(x.shape)}")
         if self.variant == "reference":
             return self.reference(x)
-        # expand's two halves (v, g) computed apart (gencomm.split_conv): each output contiguous, so
-        # the depth-wise conv copies no chunk view and the backward concatenates no gradient halves
-        y, hidden = self.partial(x), self.gate_dw.in_channels
-        v, g = self.expand(y, slice(0, hidden)), self.expand(y, slice(hidden, None))
+        v, g = self.expand(self.partial(x)).chunk(2, dim=1)
         x = x + self.project(v * F.gelu(self.gate_dw(g)))
         s = self.att_fc2(F.relu(self.att_fc1(x.mean(dim=(2, 3)))))
         return x * (2.0 * s.sigmoid())[:, :, None, None]

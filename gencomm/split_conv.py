@@ -1,18 +1,13 @@
-"""Conv2d layers that compute a part of themselves, for the link's hot paths.
+"""The generator UNet's input conv on ``[message, x_t]``, computed in two halves.
 
-Both are ``nn.Conv2d`` (same parameters, initialisation and state-dict keys; called with the input
-alone they are the plain conv), and each part is computed by CALLING the module, so the forward
-hooks of :mod:`opencood_ext.eval.flops` still see every use of the layer and count it as before.
-
-- :class:`MessageInputConv`: the generator UNet's input conv on ``[message, x_t]`` (channels
-  concatenated). A conv is linear in its input channels, so it is ``conv_m(message) + conv_x(x_t)``
-  with the bias in the message half: the message is the same at every diffusion step, so that
-  half is computed once (:meth:`MessageInputConv.message_term`) and each step convolves only
-  ``x_t`` and adds it, with no (N, m + C, H, W) concatenation built per step. Counted per step as
-  the whole conv (the message half, a 2/130 share at C=128, is not discounted).
-- :class:`RowSlicedConv`: the enhancer's expand conv, whose output is split into two halves; called
-  with ``rows`` it computes only those output channels, so each half is its own contiguous map.
-  The two calls are counted as one full conv.
+:class:`MessageInputConv` is an ``nn.Conv2d`` (same parameters, initialisation and state-dict
+keys; called with the input alone it is the plain conv). A conv is linear in its input channels,
+so on the channel concatenation it is ``conv_m(message) + conv_x(x_t)`` with the bias in the
+message half. The message is the same at every diffusion step, so that half is computed once
+(:meth:`MessageInputConv.message_term`), and each step convolves only ``x_t`` and adds it, with no
+(N, m + C, H, W) concatenation built per step. Each step still CALLS the module, so the forward
+hooks of :mod:`opencood_ext.eval.flops` count it per step as the whole conv, as before (the
+message half, a 2/130 share at C=128, is not discounted).
 """
 from __future__ import annotations
 
@@ -47,14 +42,3 @@ class MessageInputConv(nn.Conv2d):
         out = F.conv2d(x, self.weight[:, m:], None, self.stride, self.padding, self.dilation)
         return out.add_(message_term)
 
-
-class RowSlicedConv(nn.Conv2d):
-    """Conv2d whose ``forward(x, rows)`` computes only output channels ``rows`` (a slice); groups 1."""
-
-    def forward(self, x: Tensor, rows: Optional[slice] = None) -> Tensor:
-        if rows is None:
-            return super().forward(x)
-        if self.padding_mode != "zeros" or self.groups != 1:
-            raise ValueError("RowSlicedConv: output rows need zero padding and groups 1")
-        bias = None if self.bias is None else self.bias[rows]
-        return F.conv2d(x, self.weight[rows], bias, self.stride, self.padding, self.dilation)

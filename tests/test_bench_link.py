@@ -24,7 +24,7 @@ def test_rows_and_equal_computations():
     res = link_cost.main(["--messages", "1", "--repeat", "1"])
     assert deform_conv._WeightedGather is gather  # the straightforward gather was swapped back
     assert res["max_abs_diff_output"] < 1e-4 and res["max_abs_diff_gradients"] < 1e-4
-    for part in ("link", "message_extractor", "generator", "enhancer"):
+    for part in ("link", "message_extractor", "generator"):
         assert res[f"{part}_current_over_straightforward"] == pytest.approx(
             res[f"{part}_current_s"] / res[f"{part}_straightforward_s"])
     assert (res["messages"], res["grid"], res["channels"], res["threads"]) == (1, "80x80", 128, 1)

@@ -7,12 +7,12 @@ The link is the one of ``bench train``'s GenComm model (``configs/<family>/genco
 sim base, one agent type m1) on its BEV grid; ``--messages`` collaborators' (C, H, W) features go
 through ``send``, ``receive`` (warp, generate, enhance, mask) and the generation loss, then
 backward. ``straightforward`` is the computation before issue 30 item 4, written out here:
-the generator's UNet on the concatenated ``[message, x_t]`` at every step, the enhancer's expand
-conv chunked into its halves, each type's rows gathered into a zero-filled output by index, and
-``F.embedding_bag``'s own backward for the deformable gather. Both are run once and compared
+the generator's UNet on the concatenated ``[message, x_t]`` at every step, each type's rows
+gathered into a zero-filled output by index, and ``F.embedding_bag``'s own backward for the
+deformable gather. Both are run once and compared
 (``max_abs_diff_*``) before the timing; the two alternate, in turn first (ABBA), and the
 figures are medians (``current_over_straightforward``: the speed-up's inverse), also per part
-(``*_message_extractor``, ``*_generator``, ``*_enhancer``: that module's forward + backward alone).
+(``message_extractor_*``, ``generator_*``: that module's forward + backward alone).
 The equality itself is tested in ``tests/test_gencomm_link_equivalence.py``.
 """
 from __future__ import annotations
@@ -48,15 +48,6 @@ def _generate(safg, message, init):
     return x0
 
 
-def _enhance(enh, x):
-    if enh.variant == "reference":
-        return enh(x)
-    v, g = F.conv2d(enh.partial(x), enh.expand.weight, enh.expand.bias).chunk(2, dim=1)
-    x = x + enh.project(v * F.gelu(enh.gate_dw(g)))
-    s = enh.att_fc2(F.relu(enh.att_fc1(x.mean(dim=(2, 3)))))
-    return x * (2.0 * s.sigmoid())[:, :, None, None]
-
-
 def _send(link, features, agent_types):
     out = features.new_zeros(features.shape[0], link.payload_channels, *features.shape[-2:])
     for t in dict.fromkeys(agent_types):
@@ -71,7 +62,7 @@ def _receive(link, payload, arrival):
     gen = init.new_zeros(init.shape)
     for r in dict.fromkeys(arrival.receiver_types):
         sel = torch.as_tensor([k for k, t in enumerate(arrival.receiver_types) if t == r])
-        gen[sel] = _enhance(link.enhancer[r], _generate(link.safg[r], cond[sel], init[sel])).to(gen.dtype)
+        gen[sel] = link.enhancer[r](_generate(link.safg[r], cond[sel], init[sel])).to(gen.dtype)
     return gen * arrival.valid
 
 
@@ -125,7 +116,7 @@ def main(argv=None) -> dict:
             fn(*leaves).square().mean().backward()
         return run
 
-    dme, safg, enh = link.dme["m1"], link.safg["m1"], link.enhancer["m1"]
+    dme, safg = link.dme["m1"], link.safg["m1"]
     msg = torch.randn(n, link.payload_channels, H, W)
 
     def dme_straight(x):
@@ -140,7 +131,6 @@ def main(argv=None) -> dict:
         "message_extractor": {"straightforward": part(dme_straight, feats), "current": part(dme, feats)},
         "generator": {"straightforward": part(lambda m, i: _generate(safg, m, i), msg, own),
                       "current": part(lambda m, i: safg(m, i).feature, msg, own)},
-        "enhancer": {"straightforward": part(lambda x: _enhance(enh, x), own), "current": part(enh, own)},
     }
     res: Dict[str, object] = {}
     ref, cur = step(True), step(False)
