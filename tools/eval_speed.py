@@ -4,8 +4,8 @@ process (docs/performance.md, "Evaluation cost").
 
     python tools/eval_speed.py --before COMMIT [--fusion none] [--frames N] [--repeat R] [--set data.root=...] RUN [RUN ...]
 
-``COMMIT``'s ``opencood_ext/eval/evaluate.py`` and ``visibility.py``, and the OPV2V reader's
-agent-yaml loader and point-cloud NaN check, are loaded next to the current ones. Each run is
+``COMMIT``'s ``opencood_ext/eval/evaluate.py`` and ``visibility.py``, the OPV2V reader's agent-yaml
+loader and point-cloud NaN check, and the voxeliser's call, are loaded next to the current ones. Each run is
 evaluated with the current code and with those, alternately, ``R`` times each, after one warm-up
 evaluation that fills a feature cache both use (as the main job's evaluations find it). Each
 evaluation writes its results (and a BEV image every ``eval.plot_every`` frames, as the run's
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     from opencood_ext.runs import set_fusion
 
     torch.set_num_threads(args.threads)
-    tmp = Path(tempfile.mkdtemp(prefix="eval_speed_"))
+    tmp = Path(tempfile.mkdtemp(prefix="speed-"))
     (tmp / "old").mkdir()
     old_io = _old_module(args.before, "opencood_ext/data/formats/opv2v_io.py",
                          "opencood_ext.data.formats._before_opv2v_io", tmp / "old")
@@ -82,7 +82,11 @@ def main(argv=None) -> int:
                            tmp / "old")
     old_faults = _old_module(args.before, "opencood_ext/data/faults.py", "opencood_ext.data._before_faults",
                              tmp / "old")
+    old_vox = _old_module(args.before, "opencood_ext/data/voxelize.py", "opencood_ext.data._before_voxelize",
+                          tmp / "old")
     old_eval.visibility_groups = old_vis.visibility_groups
+    from opencood_ext.data.voxelize import Voxelizer
+    new_voxelize = Voxelizer.__call__
     new_yaml, new_finite = opv2v.load_agent_yaml, opv2v.drop_nonfinite
     for run in args.runs:
         cfg, model = load_any_run(run, args.overrides, echo=False)
@@ -108,6 +112,7 @@ def main(argv=None) -> int:
             old = which == "before"
             opv2v.load_agent_yaml = old_io.load_agent_yaml if old else new_yaml
             opv2v.drop_nonfinite = old_faults.drop_nonfinite if old else new_finite
+            Voxelizer.__call__ = old_vox.Voxelizer.__call__ if old else new_voxelize
             out = tmp / run.name / f"{which}{k}"
             torch.manual_seed(cfg.train.seed)
             in_predict[:] = [0.0, 0.0]
@@ -132,7 +137,7 @@ def main(argv=None) -> int:
             print(f"  {name:<22} wall {wall['before']:.3f} -> {wall['after']:.3f} ({wall['after'] / wall['before']:.2f}x), "
                   f"CPU {cpu['before']:.3f} -> {cpu['after']:.3f} ({cpu['after'] / cpu['before']:.2f}x)")
         model.predict = predict
-    opv2v.load_agent_yaml, opv2v.drop_nonfinite = new_yaml, new_finite
+    opv2v.load_agent_yaml, opv2v.drop_nonfinite, Voxelizer.__call__ = new_yaml, new_finite, new_voxelize
     return 0
 
 
