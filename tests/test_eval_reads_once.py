@@ -70,7 +70,6 @@ def _frames():
     frames = []
     for s in range(4):
         f = make_frame(seed=s, num_agents=3, num_objects=8, scenario=f"scene{s // 2}", timestamp=f"{s:06d}")
-        ego = f.agents[0]
         for k, obj_id in enumerate(sorted(f.objects)[:2]):
             o = f.objects[obj_id]
             box = np.r_[o.location + o.center, 2 * o.extent, np.radians(o.angle[1])][None]
@@ -117,8 +116,8 @@ def test_points_per_box_counts_what_points_in_boxes_counts():
         c, s = np.cos(b[6]), np.sin(b[6])
         local = corners * b[3:6]
         ties.append(np.c_[local[:, 0] * c - local[:, 1] * s, local[:, 0] * s + local[:, 1] * c, local[:, 2]] + b[:3])
-    pts = np.concatenate([rng.uniform(-40, 40, (20000, 3)), np.repeat(boxes[:, :3], 30, 0) + rng.normal(0, 2, (1200, 3)),
-                          *ties]).astype(np.float32)
+    piles = np.repeat(boxes[:, :3], 30, 0) + rng.normal(0, 2, (1200, 3))
+    pts = np.concatenate([rng.uniform(-40, 40, (20000, 3)), piles, *ties]).astype(np.float32)
     expected = points_in_boxes(pts, boxes).sum(axis=0)
     assert expected.min() < MIN_POINTS <= expected.max()
     assert np.array_equal(points_per_box(pts, boxes), expected)

@@ -2,7 +2,8 @@
 """Evaluation time per test frame, this checkout against an earlier commit, side by side in one
 process (docs/performance.md, "Evaluation cost").
 
-    python tools/eval_speed.py --before COMMIT [--fusion none] [--frames N] [--repeat R] [--set data.root=...] RUN [RUN ...]
+    python tools/eval_speed.py --before COMMIT [--fusion none] [--frames N] [--repeat R]
+        [--set data.root=...] RUN [RUN ...]
 
 ``COMMIT``'s ``opencood_ext/eval/evaluate.py`` and ``visibility.py``, the OPV2V reader's agent-yaml
 loader and point-cloud NaN check, and the voxeliser's call, are loaded next to the current ones. Each run is
@@ -134,8 +135,8 @@ def main(argv=None) -> int:
         print(f"{run.name} ({model.fusion}), {n} frames x {args.repeat}, seconds per frame before -> after (ratio); "
               f"same results")
         for name, (wall, cpu) in (("whole evaluation", per[:2]), ("outside model.predict", per[2:])):
-            print(f"  {name:<22} wall {wall['before']:.3f} -> {wall['after']:.3f} ({wall['after'] / wall['before']:.2f}x), "
-                  f"CPU {cpu['before']:.3f} -> {cpu['after']:.3f} ({cpu['after'] / cpu['before']:.2f}x)")
+            print(f"  {name:<22} wall {wall['before']:.3f} -> {wall['after']:.3f} "
+                  f"({wall['after'] / wall['before']:.2f}x), CPU {cpu['before']:.3f} -> {cpu['after']:.3f} ({cpu['after'] / cpu['before']:.2f}x)")
         model.predict = predict
     opv2v.load_agent_yaml, opv2v.drop_nonfinite, Voxelizer.__call__ = new_yaml, new_finite, new_voxelize
     return 0

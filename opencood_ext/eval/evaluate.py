@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Union
 
 import numpy as np
-import torch
 import yaml
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
