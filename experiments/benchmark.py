@@ -33,7 +33,7 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from opencood_ext.run_folder import DYNAMIC, RunFolder, evaluation_label
+from opencood_ext.run_folder import DYNAMIC, RunFolder, epoch_checkpoint, evaluation_label
 
 from .run_facts import run_facts
 from .results import ResultRow
@@ -113,7 +113,7 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
         run_cmd(Command("gencomm-onboard", argv))
         run_cmd(Command("gencomm-infer", ["--model_dir", run, "--dynamic", order, "--reuse", *eval_sets]))
         for n in RunFolder(run).checkpoints.epoch_files() if score_epochs else ():
-            run_cmd(Command("gencomm-infer", ["--model_dir", run, "--dynamic", order, "--checkpoint", f"epoch_{n}",
+            run_cmd(Command("gencomm-infer", ["--model_dir", run, "--dynamic", order, "--checkpoint", epoch_checkpoint(n),
                                               "--reuse", *eval_sets]))
         ob = json.loads(RunFolder(run).onboarding_report.read_text())
         origin = "full-feature stage-1 runs" if own else "GenComm's stage-1 runs"

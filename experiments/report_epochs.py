@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from opencood_ext.eval.bootstrap import FrameRecords, PairedDifference, paired_difference
-from opencood_ext.run_folder import RunFolder, dynamic_label, evaluation_label
+from opencood_ext.run_folder import RunFolder, dynamic_label, epoch_checkpoint, epoch_of_checkpoint, evaluation_label
 
 from .profiles import CAMERA_TYPES
 from .report_cells import ap_cell, diff_text
@@ -51,8 +51,8 @@ class ScoredRun:
 def scored_run(method: str, run: Path, boot: Optional[dict] = None) -> Optional[ScoredRun]:
     """The run's scored epochs, or None when it has none."""
     folder = RunFolder(run)
-    epochs = {int(c[len("epoch_"):]): folder.read_evaluation(dynamic_label(c))
-              for c in folder.dynamic_checkpoints() if c.startswith("epoch_")}
+    epochs = {epoch_of_checkpoint(c): folder.read_evaluation(dynamic_label(c))
+              for c in folder.dynamic_checkpoints() if epoch_of_checkpoint(c) is not None}
     if not epochs:
         return None
     selected = folder.read_evaluation(dynamic_label()) if folder.evaluation(dynamic_label()).is_file() else None
@@ -197,7 +197,7 @@ def camera_lines(per_seed: Dict[int, List[ScoredRun]]) -> List[str]:
         for s in scored:
             for name, alliance, before in steps:
                 sel_text, sel = _diff_cell(s, alliance, before, None)
-                cells = {n: _diff_cell(s, alliance, before, f"epoch_{n}") if n in s.epochs else ("-", None)
+                cells = {n: _diff_cell(s, alliance, before, epoch_checkpoint(n)) if n in s.epochs else ("-", None)
                          for n in epochs}
                 lines.append(f"| {s.method} | {name} | {sel_text} | " + " | ".join(c[0] for c in cells.values()) + " |")
                 notes.append(_camera_note(s.method, name, sel, {n: c[1] for n, c in cells.items() if c[1]}))

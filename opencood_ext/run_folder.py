@@ -58,6 +58,17 @@ def check_checkpoint_name(which: str) -> str:
     return which
 
 
+def epoch_checkpoint(n: int) -> str:
+    """The ``--checkpoint`` name of epoch ``n``'s weights ("epoch_3")."""
+    return check_checkpoint_name(f"epoch_{int(n)}")
+
+
+def epoch_of_checkpoint(which: str) -> Optional[int]:
+    """The epoch a checkpoint name holds ("epoch_3" -> 3); None for "best" and "last"."""
+    m = _CHECKPOINT_NAME.match(check_checkpoint_name(which))
+    return int(m.group(2)) if m.group(2) else None
+
+
 class CheckpointPaths:
     """The checkpoint file names of one run folder (``<run>/checkpoints/``)."""
 
