@@ -168,3 +168,16 @@ def test_c_wire_round_trip(case):
                 assert float((back.payload - want).abs().max()) <= step / 2 + 1e-6
             if wire_dtype != "int8":  # int8's step is recomputed from the decoded peak
                 assert encode(back, wire_dtype) == packet
+
+
+@pytest.mark.parametrize("name", sorted(ONBOARDING))
+def test_b_onboarding_cost_counts_exactly_what_trains(name):
+    """``cost`` (the benchmark's trainable-parameter and GFLOP columns) runs for every method and counts
+    the parameters under ``trainable`` once each."""
+    from opencood_ext.methods.base import _modules_under, count_unique_parameters
+    model = _model("onboarding", name).eval()
+    method = ONBOARDING.get_class(name, "onboarding method")()
+    batch = collate_samples([_sample(model.method.dataset_agents(train=False))])
+    params, gflops = method.cost(model, "m2", batch)
+    assert params == count_unique_parameters(_modules_under(model, method.trainable("m2")))
+    assert gflops > 0

@@ -173,7 +173,10 @@ class MPDAFusionHeadOnboarding(MPDAOnboarding):
         return [*super().trainable(t), *self.alliance_parts]
 
     def cost(self, model, t: str, batch=None) -> Tuple[int, float]:
-        """MPDA's adapter cost plus the shared parts' (each run once on a feature of the model's grid)."""
+        """MPDA's adapter cost plus the shared parts': every parameter of the fusion op, post-fusion
+        layers and head; the FLOPs of the post-fusion layers and head on one fused map of the model's
+        grid (the fusion op's own arithmetic, a per-cell weighting, is left out: it needs the agents)."""
         params, gflops = super().cost(model, t, batch)
-        shared_params, shared_gflops = feature_map_cost(model, list(self.alliance_parts))
+        _, shared_gflops = feature_map_cost(model, ["post_fusion", "head"])
+        shared_params = count_unique_parameters([getattr(model, p) for p in self.alliance_parts])
         return params + shared_params, gflops + shared_gflops
