@@ -136,13 +136,18 @@ def _late_clause(entries: List[dict], families: List[str], thr: str = "0.5") -> 
         mine = (late["families"].get(fam) or {}).get("ap", {}).get(thr)
         if mine is None:
             continue
-        ahead = [e["method"] for e in feature if ((e["families"].get(fam) or {}).get("ap") or {}).get(thr) is not None
-                 and e["families"][fam]["ap"][thr] > mine]
+        theirs = {e["method"]: ((e["families"].get(fam) or {}).get("ap") or {}).get(thr) for e in feature}
+        ahead = [m for m, v in theirs.items() if v is not None and v > mine]
+        tied = [m for m, v in theirs.items() if v is not None and v == mine]
         where = "pooled" if fam == FAMILY_POOL else f"on {fam} scenes"
-        said.append(f"{where} late fusion ({mine:.3f}) is ahead of every feature-level row" if not ahead else
-                    f"{where} {', '.join(ahead)} beat{'s' if len(ahead) == 1 else ''} late fusion ({mine:.3f})")
-        if fam != FAMILY_POOL and not ahead:
-            leads.append(fam)
+        if ahead:
+            said.append(f"{where} {', '.join(ahead)} beat{'s' if len(ahead) == 1 else ''} late fusion ({mine:.3f})")
+        elif tied:  # equal is no lead (e.g. every row at 0 on a tiny test set)
+            said.append(f"{where} late fusion ({mine:.3f}) ties {', '.join(tied)}, and no feature-level row is ahead")
+        else:
+            said.append(f"{where} late fusion ({mine:.3f}) is ahead of every feature-level row")
+            if fam != FAMILY_POOL:
+                leads.append(fam)
     if not said:
         return []
     rest = [f for f in families if f not in leads]

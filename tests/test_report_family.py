@@ -154,3 +154,21 @@ def test_malformed_scene_families_name_the_field(tmp_path):
     doc["scene_families"] = {"test_data": "x", "families": {"road": 1}}
     with pytest.raises(ResultsError, match="missing field scene_families.rows"):
         Results.from_dict(doc, "r.json")
+
+
+def test_a_tie_with_late_fusion_is_no_lead():
+    """Equal APs (e.g. every row at 0 on a tiny test set) are neither a lead nor a loss for late fusion."""
+    from experiments.report_family import _late_clause
+    from experiments.results import FAMILY_POOL
+
+    def entry(method, junction, road):
+        aps = {"junction": junction, "road": road, FAMILY_POOL: (junction + road) / 2}
+        return {"method": method, "families": {f: {"ap": {"0.5": v}} for f, v in aps.items()}}
+
+    tie = _late_clause([entry("Late fusion", 0.0, 0.0), entry("GenComm (m3 onboarded)", 0.0, 0.0)],
+                       ["junction", "road"])[0]
+    assert "ties GenComm (m3 onboarded), and no feature-level row is ahead" in tie
+    assert "is ahead of every" not in tie and tie.endswith("late fusion leads in no family.")
+    split = _late_clause([entry("Late fusion", 0.6, 0.4), entry("GenComm (m3 onboarded)", 0.5, 0.5)],
+                         ["junction", "road"])[0]
+    assert split.endswith("late fusion's lead is confined to junction scenes.")
