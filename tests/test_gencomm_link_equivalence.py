@@ -2,13 +2,17 @@
 computed once and a feature half per step; one agent type without gather/scatter copies) gives the
 outputs and gradients of the straightforward computation, written here as the reference: every
 UNet step on the concatenated ``[message, x_t]``, and each type's rows gathered into a zero-filled
-output by index."""
+output by index (``experiments/bench/link_cost.py``'s straightforward computation, which
+``tools/bench.py link`` times against the current one)."""
 import copy
 
 import pytest
 import torch
 
 import gencomm  # noqa: F401  (registers the link)
+from experiments.bench.link_cost import straightforward_generate as reference_generate
+from experiments.bench.link_cost import straightforward_receive as reference_receive
+from experiments.bench.link_cost import straightforward_send as reference_send
 from gencomm.generator import SpatialAwareFeatureGenerator
 from gencomm.link import GenCommLink
 from opencood_ext.models.links import Arrival
@@ -19,38 +23,6 @@ RANGE = [-40.0, -40.0, -3.0, 40.0, 40.0, 1.0]
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny float64 maps: threads only contend
 GENERATORS = {"compact": {"variant": "compact", "base_channels": 8},
               "reference": {"variant": "reference", "base_channels": 8}}
-
-
-def reference_generate(safg: SpatialAwareFeatureGenerator, message, init, generator=None):
-    """The chain with the UNet on the concatenation at every step (noise drawn in the same order)."""
-    a, b = safg._start
-    x = init.mul(a).add_(safg._noise(init, generator), alpha=b)
-    message = message.to(init.dtype)
-    for t in range(safg.num_steps - 1, -1, -1):
-        x0 = safg.unet(torch.cat([message, x], dim=1), torch.full((x.shape[0],), t, dtype=torch.long))
-        if t > 0:
-            x = safg.posterior_step(x0, x, t, safg._noise(x, generator))
-    return x0
-
-
-def reference_send(link: GenCommLink, features, agent_types):
-    out = features.new_zeros(features.shape[0], link.payload_channels, *features.shape[-2:])
-    for t in dict.fromkeys(agent_types):
-        idx = torch.as_tensor([i for i, a in enumerate(agent_types) if a == t])
-        out[idx] = link.dme[t](features[idx]).to(out.dtype)
-    return out
-
-
-def reference_receive(link: GenCommLink, payload, arrival: Arrival):
-    """warp_before_generation: true, protocol native."""
-    from opencood_ext.models.warp import warp_to_ego
-    cond = warp_to_ego(payload, arrival.T_ego_from_sender, link.lidar_range)
-    init = arrival.receiver_features
-    gen = init.new_zeros(init.shape)
-    for r in dict.fromkeys(arrival.receiver_types):
-        sel = torch.as_tensor([k for k, t in enumerate(arrival.receiver_types) if t == r])
-        gen[sel] = link.enhancer[r](reference_generate(link.safg[r], cond[sel], init[sel])).to(gen.dtype)
-    return gen * arrival.valid
 
 
 def _link(types, generator):

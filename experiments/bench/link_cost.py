@@ -37,18 +37,21 @@ _NATIVE_GATHER = types.SimpleNamespace(
     apply=lambda table, rows, w: F.embedding_bag(rows, table, per_sample_weights=w, mode="sum"))
 
 
-def _generate(safg, message, init):
+def straightforward_generate(safg, message, init, generator=None):
+    """The generator's chain with the UNet on the concatenated ``[message, x_t]`` at every step, the
+    noise drawn in the same order as ``safg`` draws it (``generator``: as ``safg``'s own argument)."""
     a, b = safg._start
-    x = init.mul(a).add_(torch.randn_like(init), alpha=b)
+    x = init.mul(a).add_(safg._noise(init, generator), alpha=b)
     message = message.to(init.dtype)
     for t in range(safg.num_steps - 1, -1, -1):
         x0 = safg.unet(torch.cat([message, x], dim=1), torch.full((x.shape[0],), t, dtype=torch.long))
         if t > 0:
-            x = safg.posterior_step(x0, x, t, torch.randn_like(x))
+            x = safg.posterior_step(x0, x, t, safg._noise(x, generator))
     return x0
 
 
-def _send(link, features, agent_types):
+def straightforward_send(link, features, agent_types):
+    """``link.send`` with each type's rows gathered into a zero-filled output by index."""
     out = features.new_zeros(features.shape[0], link.payload_channels, *features.shape[-2:])
     for t in dict.fromkeys(agent_types):
         idx = torch.as_tensor([i for i, a in enumerate(agent_types) if a == t])
@@ -56,13 +59,15 @@ def _send(link, features, agent_types):
     return out
 
 
-def _receive(link, payload, arrival):
+def straightforward_receive(link, payload, arrival):
+    """``link.receive`` for ``warp_before_generation: true``, protocol native: warp, generate by
+    :func:`straightforward_generate` per receiver type, enhance, mask."""
     cond = warp_to_ego(payload, arrival.T_ego_from_sender, link.lidar_range)
     init = arrival.receiver_features
     gen = init.new_zeros(init.shape)
     for r in dict.fromkeys(arrival.receiver_types):
         sel = torch.as_tensor([k for k, t in enumerate(arrival.receiver_types) if t == r])
-        gen[sel] = link.enhancer[r](_generate(link.safg[r], cond[sel], init[sel])).to(gen.dtype)
+        gen[sel] = link.enhancer[r](straightforward_generate(link.safg[r], cond[sel], init[sel])).to(gen.dtype)
     return gen * arrival.valid
 
 
@@ -101,7 +106,7 @@ def main(argv=None) -> dict:
             f, o = feats.clone().requires_grad_(), own.clone().requires_grad_()
             arrival = Arrival(T, ["m1"] * n, o, ["m1"] * n, valid)
             torch.manual_seed(1)
-            got = _receive(link, _send(link, f, arrival.sender_types), arrival) if straight \
+            got = straightforward_receive(link, straightforward_send(link, f, arrival.sender_types), arrival) if straight \
                 else link.receive(link.send(f, arrival.sender_types), arrival)
             loss = got.square().mean() + sum(link.losses(got, feats, arrival).values())
             loss.backward()
@@ -129,7 +134,7 @@ def main(argv=None) -> dict:
     pairs: Dict[str, Dict[str, Callable[[], object]]] = {
         "link": {"straightforward": lambda: step(True), "current": lambda: step(False)},
         "message_extractor": {"straightforward": part(dme_straight, feats), "current": part(dme, feats)},
-        "generator": {"straightforward": part(lambda m, i: _generate(safg, m, i), msg, own),
+        "generator": {"straightforward": part(lambda m, i: straightforward_generate(safg, m, i), msg, own),
                       "current": part(lambda m, i: safg(m, i).feature, msg, own)},
     }
     res: Dict[str, object] = {}
