@@ -255,7 +255,7 @@ class CooperativeDetector(nn.Module):
             raise ValueError(f"fusion '{name}' needs a link, and this model was trained without one; "
                              f"it can run {sorted(k for k, c in FUSION_METHODS.items() if not c.needs_link)}")
         width = getattr(self.fuse, "out_channels", self.channels)
-        if name in ("none", "late", "early") and width != self.channels:
+        if not method.uses_fusion_op and width != self.channels:
             raise ValueError(f"fusion '{name}' detects on an agent's own {self.channels}-channel feature, but this "
                              f"model's head reads its fusion op's {width} channels ({type(self.fuse).__name__}); "
                              f"evaluate it with fusion {self.method.name}")

@@ -117,6 +117,8 @@ class FusionMethod:
     name: ClassVar[str] = ""
     kind: ClassVar[str] = "bev"
     needs_link: ClassVar[bool] = False
+    # the head reads what model.fuse outputs (False: an agent's own feature goes to model.detect)
+    uses_fusion_op: ClassVar[bool] = False
     random_ego_in_training: ClassVar[bool] = False
 
     def dataset_agents(self, train: bool) -> str:
@@ -271,6 +273,7 @@ class IntermediateFusion(FusionMethod):
 
     name = "intermediate"
     needs_link = True
+    uses_fusion_op = True
 
     def send(self, model, batch, feats) -> Messages:
         rows = _collaborators(batch)
