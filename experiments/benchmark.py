@@ -40,7 +40,6 @@ from .results import ResultRow
 from .steps import Command, sets
 
 TYPES = ("m1", "m2", "m3", "m4")
-# (row name, onboarding method)
 # (row label, onboarding method); "mpda_fusion_head" is MPDA with its reference's trainable set (the ego's
 # fusion, post-fusion layers and head train too), beside "mpda" with the alliance frozen as for every method
 METHODS = [("GenComm", "gencomm"), ("BackAlign", "backalign"), ("STAMP", "stamp"), ("MPDA", "mpda"),

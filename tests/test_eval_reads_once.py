@@ -18,7 +18,8 @@ from opencood_ext.data.synthetic import make_frame
 from opencood_ext.eval.ap import APAccumulator
 from opencood_ext.eval.evaluate import _collate_item, _EvalFrames, evaluate
 from opencood_ext.eval.localisation import LocalisationStats
-from opencood_ext.eval.visibility import GROUPS, MIN_POINTS, VisibilityRecall, points_per_box, visibility_groups
+from opencood_ext.eval.visibility import GROUPS, MIN_POINTS, VisibilityRecall, visibility_groups
+from opencood_ext.geometry import points_per_box
 from opencood_ext.geometry import points_in_boxes, transform_points
 from opencood_ext.models.detector import Prediction
 from opencood_ext.postprocess import Detections

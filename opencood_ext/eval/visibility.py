@@ -17,7 +17,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ..data.frame import Frame
-from ..geometry import invert_transform, points_in_boxes, transform_points
+from ..geometry import invert_transform, points_in_boxes, points_per_box, transform_points
 from .ap import BEV_COLUMNS, match_frames
 
 GROUPS = ("ego", "collaborators_only", "nobody")
@@ -48,45 +48,6 @@ def visibility_groups(dataset, index: int, gt_boxes: np.ndarray, min_points: int
         own_car = points_in_boxes(T[None, :2, 3], boxes, bev_only=True)[0]
         seen[k] = (points_per_box(pts, boxes) >= min_points) | own_car
     return np.where(seen[0], 0, np.where(seen[1:].any(axis=0), 1, 2)).astype(np.int64)
-
-
-REACH_MARGIN_M = 1e-3  # far above float64 rounding at any coordinate a scan holds
-MAX_CELLS = 4096  # x cells of the bucketing in points_per_box (int16 keys: numpy sorts them by radix)
-
-
-def points_per_box(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """(M,) int64: how many of ``points`` (N, 3+) lie inside each of ``boxes`` (M, 7), i.e.
-    ``points_in_boxes(points, boxes).sum(axis=0)`` without its (N, M) arrays.
-
-    A point of a box's footprint is at most half its length plus half its width from its centre
-    along x. The points are bucketed by x into cells of at least 1 m; each box tests only the
-    points of the cells within that reach (plus a margin and a cell either side, against
-    rounding at cell borders). The test on them is :func:`~opencood_ext.geometry.points_in_boxes`'
-    float64 arithmetic, term for term (and the boxes' cos and sin are taken over all of them at
-    once as there), so every count is the same."""
-    pts = np.asarray(points, dtype=np.float64)[:, :3]
-    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
-    counts = np.zeros(len(b), dtype=np.int64)
-    if len(b) == 0 or len(pts) == 0:
-        return counts
-    c, s = np.cos(b[:, 6]), np.sin(b[:, 6])
-    reach = (np.abs(b[:, 3]) + np.abs(b[:, 4])) / 2 + REACH_MARGIN_M
-    x0, x1 = float(np.min(b[:, 0] - reach)), float(np.max(b[:, 0] + reach))
-    cell = max(1.0, (x1 - x0) / (MAX_CELLS - 4))
-    x0 -= cell
-    near = np.flatnonzero((pts[:, 0] >= x0) & (pts[:, 0] <= x1 + cell))
-    key = ((pts[near, 0] - x0) // cell).astype(np.int16)
-    order = near[np.argsort(key, kind="stable")]
-    starts = np.concatenate([[0], np.cumsum(np.bincount(key, minlength=MAX_CELLS))])
-    lo = np.clip(((b[:, 0] - reach - x0) // cell).astype(np.int64) - 1, 0, MAX_CELLS)
-    hi = np.clip(((b[:, 0] + reach - x0) // cell).astype(np.int64) + 2, 0, MAX_CELLS)
-    for j in range(len(b)):
-        d = pts[order[starts[lo[j]]:starts[hi[j]]]] - b[j, :3]
-        lx = d[:, 0] * c[j] + d[:, 1] * s[j]
-        ly = -d[:, 0] * s[j] + d[:, 1] * c[j]
-        inside = (np.abs(lx) <= b[j, 3] / 2) & (np.abs(ly) <= b[j, 4] / 2) & (np.abs(d[:, 2]) <= b[j, 5] / 2)
-        counts[j] = int(inside.sum())
-    return counts
 
 
 def matched_gt(pred_boxes: np.ndarray, scores: np.ndarray, gt_boxes: np.ndarray, iou_threshold: float) -> np.ndarray:
