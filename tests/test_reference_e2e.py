@@ -260,33 +260,47 @@ def _second_keys(p, cin=4, widths=(16, 32, 64, 64), out=64):
     return shapes
 
 
-def test_gencomm_stage1_second_is_the_reference_forward(no_noise):
-    pytest.importorskip("spconv")
-    batch = _batch(["m3"], "all:m3", RANGE_S, VOXEL_S)
-    stack = {"encoder": {"type": "second", "voxel_size": list(VOXEL_S), "channels": [16, 32, 64, 64],
+def _second_model(rng=RANGE_S, voxel=VOXEL_S):
+    """GenComm stage 1 with SECOND (type m3), protocol reference (the shapes of :func:`_second_shapes`
+    hold for any x-y voxel size and range with RANGE_S's z: 40 cells, 2 after the 8x backbone)."""
+    stack = {"encoder": {"type": "second", "voxel_size": list(voxel), "channels": [16, 32, 64, 64],
                          "blocks": [1, 2, 2, 2], "out_z_channels": 64},
              "backbone": {"type": "base_bev", "layer_nums": [1], "layer_strides": [1], "num_filters": [C],
                           "upsample_strides": [1], "num_upsample_filters": [C]},
              "shrink": {"type": "downsample_conv", "kernel_size": [3], "stride": [2], "padding": [1], "dims": [C]}}
-    model = CooperativeDetector({"m3": stack}, RANGE_S, fusion="intermediate", fusion_op="att", link=GENCOMM_LINK,
-                                protocol="reference").eval()
-    shapes = {**_second_keys("encoder_m3"), **base_bev("backbone_m3", [(128, C, 1, 1, C)]),
-              **downsample_conv("shrinker_m3", [(C, C, 3)]), **message_extractor("message_extractor_m3", C),
-              **diffusion_unet("gencomm.denoiser", UNET["ch"], UNET["mult"], UNET["blocks"], C + 2, C),
-              **enhancer("enhancer", C), **heads(C)}
-    sd = _checkpoint(shapes, seed=4)
-    _load(model, sd)
+    return CooperativeDetector({"m3": stack}, rng, fusion="intermediate", fusion_op="att", link=GENCOMM_LINK,
+                               protocol="reference").eval()
+
+
+def _second_shapes():
+    return {**_second_keys("encoder_m3"), **base_bev("backbone_m3", [(128, C, 1, 1, C)]),
+            **downsample_conv("shrinker_m3", [(C, C, 3)]), **message_extractor("message_extractor_m3", C),
+            **diffusion_unet("gencomm.denoiser", UNET["ch"], UNET["mult"], UNET["blocks"], C + 2, C),
+            **enhancer("enhancer", C), **heads(C)}
+
+
+def _second_reference(sd, batch, rng=RANGE_S, voxel=VOXEL_S):
+    """The reference's forward of the SECOND model on one sample -> (cls, reg, dir) maps."""
     inp = batch.inputs["m3"]
-    grid = [round((RANGE_S[k + 3] - RANGE_S[k]) / VOXEL_S[k]) for k in (2, 1, 0)]
+    grid = [round((rng[k + 3] - rng[k]) / voxel[k]) for k in (2, 1, 0)]
+    x = ref.voxel_backbone_8x(sd, "encoder_m3", inp.voxels, inp.num_points, inp.coords, inp.num_agents, grid)
+    x = ref.downsample_conv(sd, "shrinker_m3", ref.base_bev(sd, "backbone_m3", x, [1], [1], [1]), [2], [1])
+    x = x[torch.argsort(batch.type_index["m3"])]  # the type's rows back in agent order
+    msgs = ref.message_extractor(sd, "message_extractor_m3", x)
+    x = ref.enhance(sd, ref.generate(sd, x[:1].expand_as(x), msgs, **UNET))
+    fused = ref.att_fusion(ref.warp_to_ego(x, batch.T_world_from_agent.float(), rng))[None]
+    return ref.heads(sd, fused)
+
+
+def test_gencomm_stage1_second_is_the_reference_forward(no_noise):
+    pytest.importorskip("spconv")
+    batch = _batch(["m3"], "all:m3", RANGE_S, VOXEL_S)
+    model = _second_model()
+    sd = _checkpoint(_second_shapes(), seed=4)
+    _load(model, sd)
     with torch.no_grad():
         ours = model(batch).head
-        x = ref.voxel_backbone_8x(sd, "encoder_m3", inp.voxels, inp.num_points, inp.coords, inp.num_agents, grid)
-        x = ref.downsample_conv(sd, "shrinker_m3", ref.base_bev(sd, "backbone_m3", x, [1], [1], [1]), [2], [1])
-        x = x[torch.argsort(batch.type_index["m3"])]  # the type's rows back in agent order
-        msgs = ref.message_extractor(sd, "message_extractor_m3", x)
-        x = ref.enhance(sd, ref.generate(sd, x[:1].expand_as(x), msgs, **UNET))
-        fused = ref.att_fusion(ref.warp_to_ego(x, batch.T_world_from_agent.float(), RANGE_S))[None]
-        want = ref.heads(sd, fused)
+        want = _second_reference(sd, batch)
     hwl = torch.tensor([a * 7 + j for a in range(2) for j in (0, 1, 2, 5, 4, 3, 6)])
     for a, b in ((ours.cls, want[0]), (ours.reg, want[1][:, hwl]), (ours.dir, want[2])):
         assert float((a - b).abs().max() / b.abs().max()) < 1e-4
