@@ -27,7 +27,8 @@ twice.
 ``protocol="reference"`` follows the GenComm reference / HEAL datasets instead
 (:mod:`~opencood_ext.data.reference`): their agent order and selection (the first
 ``max_agents`` agents before the range check), ground truth from the selected agents'
-labels only, and each agent's own-vehicle points removed.
+labels only, each agent's own-vehicle points removed, and camera images resized keeping
+their aspect then cropped (:mod:`~opencood_ext.data.camera_crop`).
 
 Data faults (an agent missing inside its recording span, a stray timestamp,
 NaN/inf points; :mod:`~opencood_ext.data.faults`) are warned about by file;
@@ -46,6 +47,7 @@ from torch.utils.data import Dataset
 
 from ..geometry import invert_transform, transform_points
 from .augment import sample_augmentation
+from .camera_crop import cropped_intrinsics, reference_image_crop, resize_crop
 from .data_config import AgentTypeData, DataConfig  # noqa: F401  (re-exported: the data schema lives there)
 from .errors import DataFormatError, SkippedFrame
 from .frame import AgentObs, Frame
@@ -234,22 +236,29 @@ class CooperativeDataset(Dataset):
         H, W = spec.image_size
         images, Ks, exts, depths = [], [], [], []
         for cam in cams:
-            # a float32 copy: decoded or cached images may be read-only arrays, which torch warns about
-            img = torch.from_numpy(np.asarray(cam.image, dtype=np.float32)).permute(2, 0, 1)[None] / 255.0
-            h0, w0 = img.shape[-2:]
-            img = torch.nn.functional.interpolate(img, size=(H, W), mode="bilinear", align_corners=False)[0]
-            img = (img.numpy().transpose(1, 2, 0) - IMAGE_MEAN) / IMAGE_STD
-            images.append(img.transpose(2, 0, 1))
-            K = np.asarray(cam.K, dtype=np.float64).copy()
-            K[0] *= W / w0
-            K[1] *= H / h0
+            if spec.use_depth and cam.depth is None:
+                raise ValueError(f"agent {agent.agent_id}: use_depth is set but {cam.name} has no depth image")
+            if self.protocol == "reference":  # resize keeping the aspect, then crop (camera_crop)
+                crop = reference_image_crop(np.shape(cam.image)[:2], (H, W))
+                img = resize_crop(cam.image, crop).astype(np.float32) / np.float32(255.0)
+                K = cropped_intrinsics(cam.K, crop)
+                if spec.use_depth:
+                    depths.append(resize_crop(np.asarray(cam.depth, dtype=np.float32), crop))
+            else:
+                # a float32 copy: decoded or cached images may be read-only arrays, which torch warns about
+                img = torch.from_numpy(np.asarray(cam.image, dtype=np.float32)).permute(2, 0, 1)[None] / 255.0
+                h0, w0 = img.shape[-2:]
+                img = torch.nn.functional.interpolate(img, size=(H, W), mode="bilinear", align_corners=False)[0]
+                img = img.numpy().transpose(1, 2, 0)
+                K = np.asarray(cam.K, dtype=np.float64).copy()
+                K[0] *= W / w0
+                K[1] *= H / h0
+                if spec.use_depth:
+                    d = torch.from_numpy(np.asarray(cam.depth, dtype=np.float32))[None, None]
+                    depths.append(torch.nn.functional.interpolate(d, size=(H, W), mode="nearest")[0, 0].numpy())
+            images.append(((img - IMAGE_MEAN) / IMAGE_STD).transpose(2, 0, 1))
             Ks.append(K)
             exts.append(cam.T_lidar_from_camera)
-            if spec.use_depth:
-                if cam.depth is None:
-                    raise ValueError(f"agent {agent.agent_id}: use_depth is set but {cam.name} has no depth image")
-                d = torch.from_numpy(np.asarray(cam.depth, dtype=np.float32))[None, None]
-                depths.append(torch.nn.functional.interpolate(d, size=(H, W), mode="nearest")[0, 0].numpy())
         out.images = np.stack(images).astype(np.float32)
         out.K = np.stack(Ks).astype(np.float32)
         out.T_lidar_from_camera = np.stack(exts).astype(np.float32)
