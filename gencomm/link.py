@@ -9,7 +9,7 @@ between them, over the wire at inference.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Literal, Optional
+from typing import Dict, List, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -35,9 +35,9 @@ class GenCommLink(nn.Module):
         receiver frame, then generate, so the result is spatially consistent);
         False runs the reference order (generate in the sender frame from the
         receiver's unwarped feature, then warp the generated feature).
-    generation_weight: weight of the MSE between the generated feature and the
-        collaborator's real feature warped to the ego (stage 1; 0 in stage 2,
-        where sender and receiver live in different semantic spaces).
+    generation_weight: weight of the generation loss (:meth:`losses`; the reference's
+        ``loss.args.generate_weight``), an MSE between generated and real features
+        (stage 1; 0 in stage 2, where sender and receiver live in different semantic spaces).
     wire_dtype: payload dtype on the wire in evaluation: float32, float16, int8.
     """
 
@@ -62,6 +62,8 @@ class GenCommLink(nn.Module):
         self.warp_before_generation = warp_before_generation
         self.generation_weight = float(generation_weight)
         self.wire_dtype = wire_dtype
+        # protocol reference, training: this forward pass's generations before the enhancer (own, receive)
+        self._reference_record: Optional[dict] = None
 
     def send(self, features: Tensor, agent_types: List[str]) -> Tensor:
         """Sender side: (n, C, H, W) features -> (n, m, H, W) messages, each by its type's DME."""
@@ -77,20 +79,24 @@ class GenCommLink(nn.Module):
             out[idx] = self.dme[t](features[idx]).to(out.dtype)  # autocast: the DME may compute in bf16
         return out
 
-    def _generate(self, cond: Tensor, init: Tensor, receiver_types: List[str]) -> Tensor:
+    def _generate(self, cond: Tensor, init: Tensor, receiver_types: List[str]) -> Tuple[Tensor, Tensor]:
         """Row k: the receiver type's SAFG from message ``cond[k]`` and init ``init[k]``, then its
-        enhancer. (n, m, H, W), (n, C, H, W) -> (n, C, H, W)."""
+        enhancer. (n, m, H, W), (n, C, H, W) -> (enhanced, generated before the enhancer), each
+        (n, C, H, W) in the frame of ``cond``."""
         types = list(dict.fromkeys(receiver_types))
         for r in types:
             if r not in self.safg:
                 raise KeyError(f"receiver type {r} has no feature generator; known: {sorted(self.safg)}")
         if len(types) == 1:  # one receiver type (batch of one ego type): no gather and scatter copies
-            return self.enhancer[types[0]](self.safg[types[0]](cond, init).feature).to(init.dtype)
-        gen = init.new_zeros(init.shape)
+            raw = self.safg[types[0]](cond, init).feature
+            return self.enhancer[types[0]](raw).to(init.dtype), raw
+        gen, raw = init.new_zeros(init.shape), init.new_zeros(init.shape)
         for r in types:
             sel = torch.as_tensor([k for k, t in enumerate(receiver_types) if t == r], device=init.device)
-            gen[sel] = self.enhancer[r](self.safg[r](cond[sel], init[sel]).feature).to(gen.dtype)
-        return gen
+            raw_r = self.safg[r](cond[sel], init[sel]).feature
+            raw[sel] = raw_r.to(raw.dtype)
+            gen[sel] = self.enhancer[r](raw_r).to(gen.dtype)
+        return gen, raw
 
     def receive(self, payload: Tensor, arrival: Arrival) -> Tensor:
         """Receiver side, batched over messages (:mod:`opencood_ext.models.links`): warp each
@@ -105,7 +111,12 @@ class GenCommLink(nn.Module):
         T_ego_from_sender = arrival.T_ego_from_sender
         cond = warp_to_ego(payload, T_ego_from_sender, self.lidar_range) if self.warp_before_generation \
             else payload
-        gen = self._generate(cond, arrival.receiver_features, arrival.receiver_types)
+        gen, raw = self._generate(cond, arrival.receiver_features, arrival.receiver_types)
+        if reference and self.training:
+            if self._reference_record is None:
+                raise RuntimeError("gencomm link: protocol reference in training generates the receiver's own "
+                                   "feature (own) before the messages (receive); own was not called")
+            self._reference_record["received"] = raw
         if not self.warp_before_generation:
             gen = warp_to_ego(gen, T_ego_from_sender, self.lidar_range)
         return gen if reference else gen * arrival.valid
@@ -113,12 +124,44 @@ class GenCommLink(nn.Module):
     def own(self, features: Tensor, agent_types: List[str]) -> Tensor:
         """Protocol ``reference``: the receiver's own (n, C, H, W) features, ego frame, replaced as the
         reference GenComm replaces the ego's: its type's DME message of the feature, generated
-        into a feature from that message and the feature itself, enhanced."""
-        return self._generate(self.send(features, agent_types), features, agent_types)
+        into a feature from that message and the feature itself, enhanced. In training the
+        generations before the enhancer are kept for :meth:`losses` (with those :meth:`receive`
+        makes next), which reads them in the same forward pass."""
+        gen, raw = self._generate(self.send(features, agent_types), features, agent_types)
+        self._reference_record = {"own": (raw, features), "received": None} if self.training else None
+        return gen
 
     def losses(self, received: Tensor, sender_features: Tensor, arrival: Arrival) -> Dict[str, Tensor]:
-        """Stage 1: MSE between each generated feature and the sender's real one warped to the ego."""
+        """Stage 1, ``generation_weight`` times a mean squared error.
+
+        Protocol ``native``: between each received feature (generated, enhanced, warped) and the
+        sender's real one warped to the ego (detached), over the cells the sender covers.
+        Protocol ``reference`` (GenComm ``point_pillar_gencomm_loss.py``): ``nn.MSELoss`` over every
+        agent of the batch, the receivers included, between the generated feature BEFORE the
+        enhancer and the agent's own real feature, both in the agent's own frame, every element
+        weighted alike, the real feature not detached (the encoders learn from it too).
+        sender_features: (n, C, H, W) the senders' real features, own frames, in ``received``'s order."""
+        if arrival.protocol == "reference":
+            record, self._reference_record = self._reference_record, None
+            if self.generation_weight <= 0:
+                return {}
+            return {"generation": self.generation_weight * self._reference_generation_loss(record, sender_features)}
         if self.generation_weight <= 0 or not len(received):
             return {}
         target = warp_to_ego(sender_features.detach(), arrival.T_ego_from_sender, self.lidar_range)
         return {"generation": self.generation_weight * generation_loss(received, target, arrival.valid)}
+
+    @staticmethod
+    def _reference_generation_loss(record: Optional[dict], sender_features: Tensor) -> Tensor:
+        """Mean of (generated - real)^2 over the receivers' own rows and the senders' rows together."""
+        if record is None:
+            raise RuntimeError("gencomm link: protocol reference's generation loss needs this forward pass's "
+                               "generations (own, then receive, in training)")
+        raw_own, real_own = record["own"]
+        raw_got = record["received"]
+        n = 0 if raw_got is None else raw_got.shape[0]
+        if n != sender_features.shape[0]:
+            raise ValueError(f"gencomm link: {n} generated messages but {sender_features.shape[0]} sender features")
+        preds = [raw_own] + ([raw_got] if n else [])
+        reals = [real_own] + ([sender_features] if n else [])
+        return generation_loss(torch.cat(preds).float(), torch.cat(reals).float())

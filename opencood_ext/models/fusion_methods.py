@@ -300,12 +300,18 @@ class IntermediateFusion(FusionMethod):
         # reference GenComm: generated from its own message and enhanced); the link still reads the
         # ego's real feature (``own``) as the receiver's
         mine_own = model.link.own(own, ego_types) if reference and hasattr(model.link, "own") else own
+        H, W = model.grid.shape
         if not len(arrived):
             extra = _ages(model, batch, arrived, [[]] * B, own.device)
-            return ModelOutput(model.detect(model.fuse(mine_own, [1] * B, None, **extra)))
+            losses = {}
+            if reference and model.training and hasattr(model.link, "own"):
+                # the reference GenComm's generation loss covers an ego that received nothing too
+                alone = Arrival(own.new_zeros(0, 4, 4), [], own[:0], [], own.new_zeros(0, 1, H, W),
+                                protocol="reference")
+                losses = model.link.losses(own[:0], own[:0], alone)
+            return ModelOutput(model.detect(model.fuse(mine_own, [1] * B, None, **extra)), losses=losses)
         device = own.device
         T = arrived.T_ego_from_sender(batch.T_ego_from_world).to(device)
-        H, W = model.grid.shape
         valid = warp_mask(T, model.lidar_range, (H, W), device=device)
         receiver = torch.as_tensor(arrived.receiver, device=device)
         arrival = Arrival(T, list(arrived.agent_type), own[receiver], [ego_types[r] for r in arrived.receiver], valid,

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Literal, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from opencood_ext.data.voxelize import grid_shape
@@ -100,7 +99,8 @@ class PillarFeatureNet(nn.Module):
         feats[valid] = self.point_features(voxels, num_points, coords, valid)
         return feats
 
-    def forward(self, voxels: torch.Tensor, num_points: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
+    def forward(self, voxels: torch.Tensor, num_points: torch.Tensor, coords: torch.Tensor,
+                padding_slots: bool = False) -> torch.Tensor:
         """-> (V, C) pillar features.
 
         Works on the valid points only, (Nvalid, .) with ``pillar`` the owning
@@ -109,21 +109,61 @@ class PillarFeatureNet(nn.Module):
         max of the ReLU outputs). The linear layer's weight gradient is taken as
         ``x^T @ grad`` ((10, N) @ (N, C)), which the CPU BLAS runs several times faster than the
         ``grad^T @ x`` of ``nn.Linear``'s backward on ~10^5 points; same products, float rounding only.
+
+        padding_slots (one layer only): compute as OpenCOOD's PillarVFE, which runs its layer on every
+        slot of the (V, P, 4) tensor, the zeroed padding slots too: a training-mode BatchNorm counts
+        the V * P slots in its statistics (and running statistics), and a pillar with fewer than P
+        points also takes the max with its padding slots' value ``relu(BN(0))``. Still computed on
+        the valid points only (:func:`_norm_over_slots`).
         """
         v, p = voxels.shape[:2]
         valid = torch.arange(p, device=voxels.device)[None] < num_points[:, None]  # (V, P)
         x = self.point_features(voxels, num_points, coords, valid)  # (Nvalid, 10)
         if x.shape[0] == 0:
             return voxels.new_zeros(v, self.out_channels)
+        if padding_slots and len(self.layers) != 1:
+            raise ValueError(f"PillarFeatureNet: padding_slots restates the reference's one-layer pillar net; "
+                             f"this one has {len(self.layers)} layers")
         lengths = num_points.long().clamp(min=0, max=p)
         pillar = torch.repeat_interleave(torch.arange(v, device=voxels.device), lengths)  # (Nvalid,)
         pooled = x
         for i, layer in enumerate(self.layers):
-            z = layer["norm"](x @ layer["linear"].weight.t().contiguous())  # (Nvalid, C) before ReLU
+            z = x @ layer["linear"].weight.t().contiguous()
+            norm = layer["norm"]
+            if padding_slots:
+                z, empty = _norm_over_slots(norm, z, v * p)  # empty: (C,) a padding slot, before ReLU
+            else:
+                z = norm(z)  # (Nvalid, C) before ReLU
             pooled = _PillarMax.apply(z, lengths, pillar)  # (V, C) = max over the pillar of relu(z)
+            if padding_slots:
+                pooled = torch.where((lengths < p)[:, None], torch.maximum(pooled, empty.relu()), pooled)
             if i + 1 < len(self.layers):
                 x = torch.cat([z.relu(), pooled[pillar]], dim=-1)
         return pooled
+
+
+def _norm_over_slots(norm: nn.BatchNorm1d, z: torch.Tensor, slots: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``norm`` applied as if the (Nvalid, C) pre-activations ``z`` came with ``slots - Nvalid`` zero
+    rows (the padding slots, zero after a bias-free linear layer): in training its batch mean and
+    biased variance over all ``slots`` rows normalise, and its running statistics take that mean and
+    the unbiased variance (BatchNorm's rules); in evaluation the running statistics.
+    -> (normalised z (Nvalid, C), the normalised value of a zero row (C,))."""
+    if norm.training or not norm.track_running_stats:
+        mean = z.sum(0) / slots
+        var = ((z - mean).square().sum(0) + (slots - z.shape[0]) * mean.square()) / slots
+        if norm.training and norm.track_running_stats:
+            with torch.no_grad():
+                norm.num_batches_tracked.add_(1)
+                f = norm.momentum if norm.momentum is not None else 1.0 / float(norm.num_batches_tracked)
+                norm.running_mean.mul_(1 - f).add_(mean.detach(), alpha=f)
+                norm.running_var.mul_(1 - f).add_(var.detach() * (slots / max(slots - 1, 1)), alpha=f)
+    else:
+        mean, var = norm.running_mean, norm.running_var
+    scale = torch.rsqrt(var + norm.eps)
+    if norm.affine:
+        scale = scale * norm.weight
+    shift = -mean * scale + (norm.bias if norm.affine else 0.0)
+    return z * scale + shift, shift
 
 
 def scatter_to_bev(features: torch.Tensor, coords: torch.Tensor, num_agents: int,
@@ -147,10 +187,11 @@ class PointPillarEncoder(nn.Module):
     out_channels = ``num_filters[-1]``; output ``(A, C, ny, nx)``, one cell per pillar
     (``bev_cell = (vx, vy)`` metres).
 
-    protocol (derived, the model's): "reference" pools as OpenCOOD's PillarVFE does, over every
+    protocol (derived, the model's): "reference" computes as OpenCOOD's PillarVFE does, over every
     slot of the (V, P, 4) voxel tensor: a pillar with fewer than P points also takes the max with
-    its zeroed padding slots, each ``relu(BN(linear(0)))`` (one PFN layer only, as the reference
-    configs have; the BatchNorm's running statistics give that value). "native": valid points only.
+    its zeroed padding slots, each ``relu(BN(linear(0)))``, and a training-mode BatchNorm counts the
+    padding slots in its statistics (one PFN layer only, as the reference configs have;
+    ``PillarFeatureNet.forward(padding_slots=True)``). "native": valid points only.
     """
 
     input_kind = "lidar"
@@ -174,12 +215,5 @@ class PointPillarEncoder(nn.Module):
         self.bev_cell = (self.voxel_size[0], self.voxel_size[1])
 
     def forward(self, data: LidarInput) -> EncoderOutput:
-        feats = self.pfn(data.voxels, data.num_points, data.coords)
-        if self.protocol == "reference" and len(feats):
-            layer = self.pfn.layers[0]
-            norm = layer["norm"]
-            empty = F.batch_norm(feats.new_zeros(1, feats.shape[1]), norm.running_mean, norm.running_var,
-                                 norm.weight, norm.bias, False, 0.0, norm.eps).relu()  # (1, C) a padding slot
-            padded = (data.num_points < data.voxels.shape[1])[:, None]
-            feats = torch.where(padded, torch.maximum(feats, empty), feats)
+        feats = self.pfn(data.voxels, data.num_points, data.coords, padding_slots=self.protocol == "reference")
         return EncoderOutput(bev=scatter_to_bev(feats, data.coords, data.num_agents, self.bev_shape))
