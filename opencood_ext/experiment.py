@@ -341,8 +341,11 @@ def build_dataset(cfg: ExperimentConfig, split: str, train: bool, fusion: Option
     if method.random_ego_in_training and train and not data.random_ego:
         log.info("%s fusion trains with a random vehicle ego per sample (data.random_ego)", method.name)
         data = dataclasses.replace(data, random_ego=True)
+    kw = reader_kwargs(data)
+    if data.format == "dairv2x" and computation_of(cfg.protocol) == "reference":
+        kw.setdefault("labels", "sides")  # the reference merges each side's own labels (data/reference.py)
     try:
-        reader = get_reader(data.format, data.root, split, **reader_kwargs(data))
+        reader = get_reader(data.format, data.root, split, **kw)
     except TypeError as exc:
         raise ConfigError(f"experiment '{cfg.name}': data.reader_options: {exc}") from None
     try:

@@ -52,7 +52,7 @@ from .data_config import AgentTypeData, DataConfig  # noqa: F401  (re-exported: 
 from .errors import DataFormatError, SkippedFrame
 from .frame import AgentObs, Frame
 from .ground_truth import frame_ground_truth
-from .reference import reference_order, reference_selection, remove_own_points
+from .reference import reference_order, reference_selection, remove_own_points, side_label_ground_truth
 from .sample import AgentInput, Sample  # noqa: F401  (re-exported: the sample records live there)
 from .voxelize import Voxelizer
 
@@ -330,8 +330,14 @@ class CooperativeDataset(Dataset):
         reference = self.protocol == "reference" and not (self.train and self.cfg.random_ego)
         # reference: the labels of the agents it selects (with collaborators, whatever the fusion)
         labelled = [a.agent_id for a in self.select_agents(frame, rng, True)] if reference else None
-        gt = frame_ground_truth(frame, T_world_from_augego, self.cfg.lidar_range, classes=list(self.class_table),
-                                visible_to=labelled)
+        if frame.side_labels:  # each agent's own labels (DAIR-V2X): merged by overlap, the ego's first
+            if labelled is None:  # native: every agent labels
+                labelled = [ego.agent_id] + [a.agent_id for a in frame.agents if a is not ego]
+            gt = side_label_ground_truth(frame, labelled, T_world_from_augego, self.cfg.lidar_range,
+                                         classes=list(self.class_table))
+        else:
+            gt = frame_ground_truth(frame, T_world_from_augego, self.cfg.lidar_range,
+                                    classes=list(self.class_table), visible_to=labelled)
         times = [timestamp_value(frame.timestamp)] * len(agents)
         if self.latency_frames:
             agents, times = self._stale(index, agents, times[0])

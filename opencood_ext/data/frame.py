@@ -113,6 +113,10 @@ class Frame:
     objects: ``{object_id: ObjectLabel}``, the union over agents by object id.
     agents: ordered as the evaluation protocol wants (vehicles by id, then RSUs);
         ``agents[0]`` is the default ego.
+    side_labels: True when each agent's ``visible_ids`` are its OWN labels (DAIR-V2X's
+        single-side files): an object two agents label appears twice, under two ids, and
+        ground truth merges them by bird's-eye-view overlap
+        (:func:`opencood_ext.data.reference.side_label_ground_truth`).
     """
 
     scenario: str
@@ -121,6 +125,7 @@ class Frame:
     objects: Dict[int, ObjectLabel] = field(default_factory=dict)
     split: str = ""
     source: str = ""  # path or backend name, used in error messages
+    side_labels: bool = False
 
     def agent(self, agent_id: int) -> AgentObs:
         for a in self.agents:

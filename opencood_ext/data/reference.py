@@ -10,17 +10,27 @@
   uses up a place.
 * Each LiDAR agent drops its own vehicle's returns: points with x in [-1.95, 2.95] and y in
   [-1.1, 1.1] m in its own sensor frame (z not checked; applied to roadside units too).
+* Per-agent labels (DAIR-V2X, a Frame with ``side_labels``): each selected agent's own boxes in the
+  ego frame, kept when all 8 corners lie inside the range with z widened by 1 m on each side; the
+  ego's all, each other agent's box only when its bird's-eye-view IoU with every ego box is at most
+  0.05 (GenComm ``intermediate_heter_fusion_dataset.py`` ``__getitem__``, ``dairv2x`` branch;
+  ``box_utils.py`` ``load_single_objects_dairv2x_hetero``). The reference's evaluation then checks
+  x and y only (``generate_gt_bbx_by_iou``), which these boxes already pass.
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from .frame import AgentObs
+from ..geometry import bev_iou
+from .frame import AgentObs, Frame
+from .ground_truth import GroundTruth, frame_ground_truth
 
 # (xmin, xmax, ymin, ymax) metres, bounds inclusive: the reference's own-vehicle box
 OWN_VEHICLE_BOX = (-1.95, 2.95, -1.1, 1.1)
+SIDE_LABEL_IOU = 0.05  # a collaborator's box overlapping an ego box by more is the same object
+SIDE_LABEL_Z_MARGIN = 1.0  # metres added below and above the range's z for per-agent labels
 
 
 def reference_order(agents: Sequence[AgentObs]) -> List[AgentObs]:
@@ -59,3 +69,25 @@ def remove_own_points(points: np.ndarray) -> np.ndarray:
     p = np.asarray(points)
     own = (p[:, 0] >= x0) & (p[:, 0] <= x1) & (p[:, 1] >= y0) & (p[:, 1] <= y1)
     return p[~own]
+
+
+def side_label_ground_truth(frame: Frame, agent_ids: Sequence[int], T_world_from_sensor,
+                            lidar_range: Sequence[float], classes: Optional[Iterable[str]] = None) -> GroundTruth:
+    """Ground truth from per-agent labels (module docstring): ``agent_ids`` ego first, boxes in the
+    sensor frame ``T_world_from_sensor``; the ego's boxes first, then each other agent's kept ones."""
+    r = np.asarray(lidar_range, dtype=np.float64).copy()
+    r[2] -= SIDE_LABEL_Z_MARGIN
+    r[5] += SIDE_LABEL_Z_MARGIN
+    per_agent = [frame_ground_truth(frame, T_world_from_sensor, r, classes, visible_to=[aid]) for aid in agent_ids]
+    if not per_agent:
+        return GroundTruth()
+    ego, parts = per_agent[0], [per_agent[0]]
+    for other in per_agent[1:]:
+        if len(other) and len(ego):
+            keep = (bev_iou(other.boxes.astype(np.float64), ego.boxes.astype(np.float64)) <= SIDE_LABEL_IOU).all(1)
+        else:
+            keep = np.ones(len(other), bool)
+        parts.append(GroundTruth(other.boxes[keep], other.ids[keep], [t for t, k in zip(other.types, keep) if k]))
+    return GroundTruth(boxes=np.concatenate([p.boxes for p in parts]).astype(np.float32).reshape(-1, 7),
+                       ids=np.concatenate([p.ids for p in parts]).astype(np.int64),
+                       types=[t for p in parts for t in p.types])

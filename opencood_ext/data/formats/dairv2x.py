@@ -9,13 +9,22 @@ index (read at construction; nothing else is). Per pair:
 * infrastructure (agent id -1): ``infrastructure-side/calib/virtuallidar_to_world/<id>.json``
   with the pair's ``system_error_offset`` ``delta_x`` / ``delta_y`` added to the
   translation;
-* objects: the cooperative ``label_world`` file (``cooperative_label_path``, by
-  default ``cooperative/label_world/<vehicle id>.json``); each ``world_8_points``
-  box becomes an ObjectLabel with ``location`` = box centre, ``center`` = 0,
+* objects (``labels="cooperative"``, the default): the cooperative ``label_world`` file
+  (``cooperative_label_path``, by default ``cooperative/label_world/<vehicle id>.json``); each
+  ``world_8_points`` box becomes an ObjectLabel with ``location`` = box centre, ``center`` = 0,
   ``angle`` = [0, yaw_deg, 0], ``extent`` = half sizes; only Car / Van / Truck /
   Bus are kept. Object ids are the entry's position in the label file, and both
   agents list every kept object as visible (the cooperative label is already a
   union).
+* objects (``labels="sides"``, what the GenComm / HEAL heterogeneous dataset reads): each agent's
+  own labels, ``vehicle-side/label/lidar/<vehicle id>.json`` and
+  ``infrastructure-side/label/virtuallidar/<infrastructure id>.json`` (``type``,
+  ``3d_dimensions {h, w, l}`` full sizes, ``3d_location {x, y, z}`` box centre in that agent's
+  LiDAR frame, ``rotation`` yaw in radians); entries with a zero size are skipped (as the
+  reference), the vehicle classes kept. The box goes to the world through the agent's pose (roll
+  and pitch kept in ``angle``); ids are the vehicle's entry positions and
+  :data:`INFRA_LABEL_ID0` + the infrastructure's; each agent lists only its own as visible, and
+  the frame is marked ``side_labels`` (ground truth merges the two by overlap).
 * LiDAR: PCD ``x y z intensity`` with intensity / 256; NaN/inf rows are a data
   fault as in every reader (:func:`opencood_ext.data.faults.drop_nonfinite`:
   dropped with a warning naming the file and count, or refused with ``strict``).
@@ -36,7 +45,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ...geometry import corners_to_boxes
+from ...geometry import corners_to_boxes, matrix_to_pose
 from ..errors import DataFormatError, not_utf8
 from ..frame import VEHICLE_CLASSES, AgentObs, Frame, ObjectLabel
 from .decode_cache import DecodeCache
@@ -49,6 +58,8 @@ log = logging.getLogger(__name__)
 SCENARIO = "cooperative"
 DAIR_INTENSITY_SCALE = 256.0
 _KEEP = {c.lower(): c for c in VEHICLE_CLASSES}
+LABEL_SOURCES = ("cooperative", "sides")
+INFRA_LABEL_ID0 = 100000  # the infrastructure's own labels are numbered from here (labels="sides")
 
 
 def _read_json(path: Path):
@@ -134,6 +145,43 @@ def corners_to_label(corners, object_id: int, obj_type: str, path, key: str) -> 
                        obj_type=obj_type)
 
 
+def _number(v, path, key) -> float:
+    try:
+        return float(v)  # camera-side labels write numbers as strings
+    except (TypeError, ValueError):
+        raise DataFormatError(path, f"expected a number, got {v!r}", key=key) from None
+
+
+def load_side_labels(path: Path, T_world_from_lidar: np.ndarray, first_id: int = 0) -> Dict[int, ObjectLabel]:
+    """Vehicle classes of one side's label file (boxes in that side's LiDAR frame) as world
+    ObjectLabels, ids ``first_id`` + the entry's position; zero-size entries skipped."""
+    items = _read_json(path)
+    if not isinstance(items, list):
+        raise DataFormatError(path, "expected a JSON list of labelled objects")
+    out = {}
+    for k, item in enumerate(items):
+        for key in ("type", "3d_dimensions", "3d_location", "rotation"):
+            if not isinstance(item, dict) or key not in item:
+                raise DataFormatError(path, "missing key", key=f"[{k}].{key}")
+        dims, loc = item["3d_dimensions"], item["3d_location"]
+        for name, d, axes in (("3d_dimensions", dims, "lwh"), ("3d_location", loc, "xyz")):
+            if not isinstance(d, dict) or any(a not in d for a in axes):
+                raise DataFormatError(path, f"expected an object with keys {list(axes)}", key=f"[{k}].{name}")
+        l, w, h = (_number(dims[a], path, f"[{k}].3d_dimensions.{a}") for a in "lwh")
+        cls = _KEEP.get(str(item["type"]).lower())
+        if cls is None or l == 0 or w == 0 or h == 0:
+            continue
+        centre = [_number(loc[a], path, f"[{k}].3d_location.{a}") for a in "xyz"]
+        yaw = _number(item["rotation"], path, f"[{k}].rotation")
+        box = np.eye(4)
+        box[:2, :2] = [[np.cos(yaw), -np.sin(yaw)], [np.sin(yaw), np.cos(yaw)]]
+        box[:3, 3] = centre
+        pose = matrix_to_pose(np.asarray(T_world_from_lidar, np.float64) @ box)
+        out[first_id + k] = ObjectLabel(object_id=first_id + k, location=pose[:3], center=np.zeros(3),
+                                        angle=pose[3:], extent=np.array([l, w, h]) / 2.0, obj_type=cls)
+    return out
+
+
 def load_cooperative_labels(path: Path) -> Dict[int, ObjectLabel]:
     """Vehicle classes of a cooperative ``label_world`` file, keyed by position."""
     items = _read_json(path)
@@ -164,13 +212,19 @@ class DairV2XReader(IndexedReader):
         cache_dir: keep decoded point clouds there (:mod:`.decode_cache`); None: no cache.
         strict: NaN/inf points raise a DataFaultError naming the file instead of being
             dropped with a DataFaultWarning (:mod:`opencood_ext.data.faults`).
+        labels: "cooperative" (the ``label_world`` file) or "sides" (each agent's own labels,
+            as the GenComm / HEAL heterogeneous dataset; module docstring).
     """
 
     left_handed = False
 
     def __init__(self, root, split_ids: Union[None, str, Path, Sequence[str]] = None, skip_bad: bool = False,
-                 vehicle_type: str = "m1", infra_type: str = "m1", cache_dir=None, strict: bool = False):
+                 vehicle_type: str = "m1", infra_type: str = "m1", cache_dir=None, strict: bool = False,
+                 labels: str = "cooperative"):
         super().__init__(skip_bad, strict)
+        if labels not in LABEL_SOURCES:
+            raise ValueError(f"labels must be one of {list(LABEL_SOURCES)}, got {labels!r}")
+        self.labels = labels
         self.cache = None if cache_dir is None else DecodeCache(cache_dir)
         self.root = self._root = Path(root)
         self.vehicle_type, self.infra_type = vehicle_type, infra_type
@@ -251,15 +305,22 @@ class DairV2XReader(IndexedReader):
         except (TypeError, ValueError, AttributeError):
             raise DataFormatError(self.info_path, "delta_x / delta_y must be numbers",
                                   key=f"[{k}].system_error_offset") from None
-        label_rel = e.get("cooperative_label_path", f"cooperative/label_world/{fid}.json")
-        objects = load_cooperative_labels(self.root / label_rel)
-        visible = sorted(objects)
+        if self.labels == "sides":
+            veh_objects = load_side_labels(self.root / "vehicle-side" / "label" / "lidar" / f"{fid}.json", T_veh)
+            inf_objects = load_side_labels(self.root / "infrastructure-side" / "label" / "virtuallidar" /
+                                           f"{inf_id}.json", T_inf, INFRA_LABEL_ID0)
+            objects = {**veh_objects, **inf_objects}
+            veh_visible, inf_visible = sorted(veh_objects), sorted(inf_objects)
+        else:
+            label_rel = e.get("cooperative_label_path", f"cooperative/label_world/{fid}.json")
+            objects = load_cooperative_labels(self.root / label_rel)
+            veh_visible = inf_visible = sorted(objects)
         veh = AgentObs(agent_id=0, agent_type=self.vehicle_type, T_world_from_lidar=T_veh,
                        lidar=self._read_points(self.root / self._field(e, k, "vehicle_pointcloud_path")),
-                       visible_ids=list(visible), meta={"frame_id": fid})
+                       visible_ids=list(veh_visible), meta={"frame_id": fid})
         inf = AgentObs(agent_id=-1, agent_type=self.infra_type, T_world_from_lidar=T_inf,
                        lidar=self._read_points(self.root / self._field(e, k, "infrastructure_pointcloud_path")),
-                       visible_ids=list(visible),
+                       visible_ids=list(inf_visible),
                        meta={"frame_id": inf_id, "system_error_offset": dict(offset)})
         return Frame(scenario=SCENARIO, timestamp=fid, agents=[veh, inf], objects=objects,
-                     split=self.split, source=str(self.info_path))
+                     split=self.split, source=str(self.info_path), side_labels=self.labels == "sides")
