@@ -56,7 +56,8 @@ class PillarFeatureNet(nn.Module):
 
     Augmented point features (10): x, y, z, intensity, (x, y, z) minus the mean of
     the pillar's valid points, (x, y, z) minus the pillar's geometric centre.
-    Padded point slots never reach the BatchNorm statistics nor the max.
+    Padded point slots never reach the BatchNorm statistics nor the max (unless
+    ``forward(padding_slots=True)``: the reference's rule).
     Every layer but the last concatenates its per-point output with the
     pillar-wise max (as in PointPillars), doubling the next layer's input.
     """
