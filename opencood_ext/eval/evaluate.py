@@ -14,7 +14,8 @@ the same channel), and is decoded by the receiver under the model's
 ``receiver:`` bounds; bytes are the encoded packets, signature included.
 ``channel`` in the results counts what was sent, lost and rejected (by rule:
 ``rejected_reasons``) and records the receiver's settings (the key by reference
-only).
+only). A dataset with several classes (``data.class_groups``, V2X-Real) also gets AP per class
+and mAP (``ap_by_class``, :mod:`opencood_ext.eval.class_ap`), as GenComm's V2X-Real inference.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from opencood_ext.data.frame import AgentObs
 from opencood_ext.data.sample import Sample
 from opencood_ext.eval.ap import APAccumulator, format_ap_table, plot_pr_curves, pr_envelope
 from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap
+from opencood_ext.eval.class_ap import ClassAP, format_class_table, to_json as class_ap_json
 from opencood_ext.eval.localisation import LocalisationStats, format_localisation
 from opencood_ext.eval.visibility import VisibilityRecall, visibility_groups
 from opencood_ext.run_folder import RunFolder
@@ -60,7 +62,9 @@ class EvalResult:
     VOC envelope on a recall grid, :func:`~opencood_ext.eval.ap.pr_envelope`).
     ap_ci: 95% interval of every AP, the same keys as ``ap`` (``[lo, hi]``, None where undefined),
     percentile bootstrap over the ``num_scenes`` test scenes (``bootstrap``: how); ``frames_file``:
-    the per-frame records it resampled (``eval_<label>_frames.npz``, None without an out_dir)."""
+    the per-frame records it resampled (``eval_<label>_frames.npz``, None without an out_dir).
+    ap_by_class: with several classes, :meth:`~opencood_ext.eval.class_ap.ClassAP.summary` (AP per
+    class and order, mAP); None for a one-class dataset."""
 
     fusion: str
     ap: Dict[str, Dict[float, float]]
@@ -79,6 +83,7 @@ class EvalResult:
     num_scenes: int = 0
     bootstrap: Optional[dict] = None
     frames_file: Optional[str] = None
+    ap_by_class: Optional[dict] = None
 
     @property
     def log2_bytes(self) -> float:
@@ -104,6 +109,8 @@ class EvalResult:
                         + (" (" + ", ".join(f"{k}: {v}" for k, v in sorted(c["rejected_reasons"].items())) + ")"
                            if c.get("rejected_reasons") else "")
                         + ("; signed messages (alliance key)" if c.get("authenticated") else ""))
+        if self.ap_by_class:
+            rows.extend(format_class_table(self.ap_by_class))
         if self.recall_by_visibility:
             rows.append("recall@0.5 by who sees the object (>= 5 LiDAR points): " + ", ".join(
                 f"{g} {v['recall']:.3f} of {v['gt']}" if v["recall"] is not None else f"{g} - of 0"
@@ -117,6 +124,8 @@ class EvalResult:
         d = asdict(self)
         d["ap"] = {o: {str(t): v for t, v in aps.items()} for o, aps in self.ap.items()}
         d["log2_bytes"] = self.log2_bytes
+        if self.ap_by_class is not None:
+            d["ap_by_class"] = class_ap_json(self.ap_by_class)
         return d
 
 
@@ -183,6 +192,8 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
     vis_defined = True
     device = next(model.parameters()).device
     acc = APAccumulator()
+    class_names = list(getattr(getattr(dataset, "cfg", None), "class_groups", None) or {})
+    by_class = ClassAP(class_names) if len(class_names) > 1 else None
     sent: List[int] = []
     collaborators = lost = 0
     rejected: Counter = Counter()
@@ -206,6 +217,8 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         gt = batch.gt_boxes[0].cpu().numpy()
         boxes, scores = d.boxes.cpu().numpy(), d.scores.cpu().numpy()
         acc.add(boxes, scores, gt)
+        if by_class is not None:
+            by_class.add(boxes, scores, d.labels.cpu().numpy(), gt, batch.gt_classes[0].cpu().numpy())
         scenes.append(str(batch.scenarios[0]))
         frame_keys.append(f"{batch.scenarios[0]}/{batch.timestamps[0]}")
         if vis_defined:
@@ -236,6 +249,7 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
         seconds_per_frame=elapsed / max(done, 1), num_gt=res["global"].num_gt, num_pred=res["global"].num_pred,
         collaborators_per_frame=collaborators / max(done, 1), images=images,
         recall_by_visibility=vis.summary() if vis_defined else None, localisation=loc.summary(),
+        ap_by_class=by_class.summary() if by_class is not None else None,
         channel={**asdict(channel), "describe": channel.describe(),
                  "latency_frames": getattr(dataset, "latency_frames", 0), "sent": collaborators, "lost": lost,
                  "rejected": sum(rejected.values()), "rejected_reasons": dict(rejected),
