@@ -134,8 +134,9 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
         # seed 0's runs in runs/, another seed's in runs/seed<s> (so adding a seed later never resumes seed 0's)
         per_seed[s] = one_seed(out, seed_runs(runs, s), data, profile, s, steps, configs,
                                robustness=robustness and k == 0, test_root=test_root)
-        archive_seed(per_seed[s].rows, s, out / "seeds",  # it keeps the main table's rows
-                     {"profile": profile_name, "data_seed": seed, "commit": commit, "command": command})
+        archive_seed(per_seed[s].rows, s, out / "seeds",  # the main table's and the benchmark's rows
+                     {"profile": profile_name, "data_seed": seed, "commit": commit, "command": command},
+                     test_root=test_root or data)
     first = per_seed[seeds[0]]
     # this invocation's seeds and earlier ones evaluated on the same test frames
     archives = seed_archives(out, profile_name, seed, like=out / "seeds" / f"seed{seeds[0]}")

@@ -2,7 +2,8 @@
 
 :class:`Results` / :class:`ResultRow` are what the pipeline (:mod:`experiments.reproduce`,
 :mod:`experiments.benchmark`) produces and what every report reads; :class:`ArchivedRow` is one
-main-table row of a seed archive (:mod:`experiments.seeds`). Each has ``to_dict`` / ``from_dict``
+main-table row of a seed archive (:mod:`experiments.seeds`), :class:`ArchivedBenchmarkRow` one
+benchmark row of it (per growing alliance). Each has ``to_dict`` / ``from_dict``
 and :class:`Results` ``to_json`` / ``from_json``; reading a malformed file raises
 :class:`ResultsError` with one line naming the file and the field (``rows[3].method``).
 
@@ -18,7 +19,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 TABLES = ("main", "heterogeneous")
 FAMILY_POOL = "pool"  # scene_families: every test frame, beside each family
@@ -308,36 +309,111 @@ class ArchivedEval:
         return dataclasses.asdict(self)
 
 
+    @classmethod
+    def from_dict(cls, doc, where: str, source: str) -> "ArchivedEval":
+        """``doc``: an object (the caller checked it); ``where``: its place in the file (``rows[2].eval.``)."""
+        ev = doc
+        _unknown(ev, [f.name for f in dataclasses.fields(cls)], where, source)
+        return cls(ap=_check(ev, where, "ap", (dict,), True, source),
+                   frames=_check(ev, where, "frames", (str,), True, source),
+                   ap_ci=_check(ev, where, "ap_ci", (dict,), False, source),
+                   bytes_per_message=_check(ev, where, "bytes_per_message", (float,), False, source),
+                   recall_by_visibility=_check(ev, where, "recall_by_visibility", (dict,), False, source))
+
+
+# what a version-2 archive row states about its run (issue 31); absent in version-1 archives
+RUN_FACTS = ("protocol", "training_seed", "optimizer_steps")
+
+
+def _run_facts(doc: dict, where: str, source: str) -> dict:
+    return {"protocol": _check(doc, where, "protocol", (str,), False, source),
+            "training_seed": _check(doc, where, "training_seed", (int,), False, source),
+            "optimizer_steps": _check(doc, where, "optimizer_steps", (int,), False, source)}
+
+
+def _facts_dict(row) -> dict:
+    return {k: getattr(row, k) for k in RUN_FACTS if getattr(row, k) is not None}
+
+
 @dataclass
 class ArchivedRow:
-    """One main-table row of a seed archive (``rows.json``)."""
+    """One main-table row of a seed archive (``rows.json``); ``protocol``, ``training_seed`` and
+    ``optimizer_steps`` as :class:`ResultRow` states them (version 2)."""
 
     method: str
     eval: ArchivedEval
     ego_only: ArchivedEval
     trainable_params: Optional[int] = None
     train_wall_s: Optional[float] = None
+    protocol: Optional[str] = None
+    training_seed: Optional[int] = None
+    optimizer_steps: Optional[int] = None
 
     def to_dict(self) -> dict:
         return {"method": self.method, "trainable_params": self.trainable_params, "train_wall_s": self.train_wall_s,
-                "eval": self.eval.to_dict(), "ego_only": self.ego_only.to_dict()}
+                **_facts_dict(self), "eval": self.eval.to_dict(), "ego_only": self.ego_only.to_dict()}
 
     @classmethod
     def from_dict(cls, doc, where: str, source: str) -> "ArchivedRow":
         if not isinstance(doc, dict):
             raise ResultsError(f"{source}: field {where.rstrip('.')} must be an object")
-        evals = {}
-        for key in ("eval", "ego_only"):
-            ev = _check(doc, where, key, (dict,), True, source)
-            inner = f"{where}{key}."
-            _unknown(ev, [f.name for f in dataclasses.fields(ArchivedEval)], inner, source)
-            evals[key] = ArchivedEval(ap=_check(ev, inner, "ap", (dict,), True, source),
-                                      frames=_check(ev, inner, "frames", (str,), True, source),
-                                      ap_ci=_check(ev, inner, "ap_ci", (dict,), False, source),
-                                      bytes_per_message=_check(ev, inner, "bytes_per_message", (float,), False, source),
-                                      recall_by_visibility=_check(ev, inner, "recall_by_visibility", (dict,), False,
-                                                                  source))
+        evals = {key: ArchivedEval.from_dict(_check(doc, where, key, (dict,), True, source), f"{where}{key}.", source)
+                 for key in ("eval", "ego_only")}
         return cls(method=_check(doc, where, "method", (str,), True, source), eval=evals["eval"],
                    ego_only=evals["ego_only"],
                    trainable_params=_check(doc, where, "trainable_params", (int,), False, source),
-                   train_wall_s=_check(doc, where, "train_wall_s", (float,), False, source))
+                   train_wall_s=_check(doc, where, "train_wall_s", (float,), False, source),
+                   **_run_facts(doc, where, source))
+
+
+@dataclass
+class ArchivedAlliance:
+    """One alliance's evaluation of an archived benchmark row: ``types`` (ego first, joining order)."""
+
+    types: List[str]
+    eval: ArchivedEval
+
+
+@dataclass
+class ArchivedBenchmarkRow:
+    """One heterogeneous-benchmark row of a seed archive (version 2): its evaluation per growing
+    alliance (``alliances``, the last the full one), with what it trained and how long."""
+
+    method: str
+    alliances: List[ArchivedAlliance]
+    onboard_method: Optional[str] = None
+    trainable_params: Optional[int] = None
+    train_wall_s: Optional[float] = None
+    protocol: Optional[str] = None
+    training_seed: Optional[int] = None
+    optimizer_steps: Optional[int] = None
+
+    def alliance(self, types: Sequence[str]) -> Optional[ArchivedAlliance]:
+        return next((a for a in self.alliances if a.types == list(types)), None)
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "onboard_method": self.onboard_method,
+                "trainable_params": self.trainable_params, "train_wall_s": self.train_wall_s, **_facts_dict(self),
+                "alliances": [{"types": a.types, "eval": a.eval.to_dict()} for a in self.alliances]}
+
+    @classmethod
+    def from_dict(cls, doc, where: str, source: str) -> "ArchivedBenchmarkRow":
+        if not isinstance(doc, dict):
+            raise ResultsError(f"{source}: field {where.rstrip('.')} must be an object")
+        alliances = []
+        for k, a in enumerate(_check(doc, where, "alliances", (list,), True, source)):
+            inner = f"{where}alliances[{k}]."
+            if not isinstance(a, dict):
+                raise ResultsError(f"{source}: field {inner.rstrip('.')} must be an object")
+            types = _check(a, inner, "types", (list,), True, source)
+            if not types or not all(isinstance(t, str) for t in types):
+                raise ResultsError(f"{source}: field {inner}types must be a non-empty list of type names")
+            alliances.append(ArchivedAlliance(types, ArchivedEval.from_dict(_check(a, inner, "eval", (dict,), True,
+                                                                                   source), f"{inner}eval.", source)))
+        if not alliances:
+            raise ResultsError(f"{source}: field {where}alliances is empty")
+        return cls(method=_check(doc, where, "method", (str,), True, source), alliances=alliances,
+                   onboard_method=_check(doc, where, "onboard_method", (str,), False, source),
+                   trainable_params=_check(doc, where, "trainable_params", (int,), False, source),
+                   train_wall_s=_check(doc, where, "train_wall_s", (float,), False, source),
+                   **_run_facts(doc, where, source))

@@ -4,10 +4,13 @@ One training seed of the main job costs about an hour on a 2-core CPU, so the th
 run-to-run spread needs may be trained on different days or machines. Each seed therefore leaves
 a small archive (tens of kB) that can be committed and combined later::
 
-    <dir>/seed<s>/rows.json          meta (training seed, data seed, profile, test frames, commit,
-                                     command) and one entry per main-table row
+    <dir>/seed<s>/rows.json          meta (training seed, data seed, profile, commit, command, the test
+                                     scenes' families), one entry per main-table row ("rows") and, from
+                                     version 2, one per benchmark row ("benchmark"), each with its
+                                     protocol, training seed and optimizer steps
     <dir>/seed<s>/row<k>.npz         the row's per-frame records (opencood_ext.eval.bootstrap)
     <dir>/seed<s>/row<k>_ego_only.npz   the same weights with the collaborators off
+    <dir>/seed<s>/bench<k>_<types>.npz  benchmark row k's records for the alliance <types> (m1m3, ...)
 
 :func:`archive_seed` writes one from a main job's rows (the main job does it for every seed, into
 ``<out>/seeds``); :func:`seed_section` turns a set of archives into the report's spread section:
@@ -23,7 +26,7 @@ import json
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -31,11 +34,16 @@ import numpy as np
 
 from opencood_ext.eval.bootstrap import FrameRecords, paired_difference, pooled_paired_difference
 
-from .results import ArchivedEval, ArchivedRow, ResultRow, Results, ResultsError
+from opencood_ext.run_folder import RunFolder, evaluation_label
+from opencood_ext.sim.families import scenario_families
+
+from .results import (ArchivedAlliance, ArchivedBenchmarkRow, ArchivedEval, ArchivedRow, ResultRow, Results,
+                      ResultsError)
 
 THRESHOLDS = ("0.3", "0.5", "0.7")
 REFERENCE = "GenComm"
-ARCHIVE_VERSION = 1
+ARCHIVE_VERSION = 2  # 2 added the benchmark rows, each row's protocol / seed / steps and scene_families
+READS = (1, 2)
 
 
 def git_commit(root: Path) -> Optional[str]:
@@ -49,39 +57,79 @@ def git_commit(root: Path) -> Optional[str]:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def archive_seed(rows: Sequence[ResultRow], seed: int, dest: Path, meta: Optional[dict] = None) -> Path:
-    """Write ``dest/seed<seed>/`` from the main-table rows among ``rows`` (their ``eval`` and
-    ``ego_only`` with their ``frames_file``, ``trainable_params``, ``train_wall_s``); returns the folder.
+def _copy_eval(ev: dict, src: Optional[str], tmp: Path, name: str, what: str) -> ArchivedEval:
+    """Copy an evaluation's per-frame records into the archive folder ``tmp`` as ``name``."""
+    if not src or not Path(src).is_file():
+        raise FileNotFoundError(f"{what} {src!r} is missing; evaluate the run again (gencomm-infer writes it) "
+                                "before archiving")
+    shutil.copyfile(src, tmp / name)
+    return ArchivedEval(ap=ev["ap"], ap_ci=ev.get("ap_ci"), frames=name, bytes_per_message=ev.get("bytes_per_message"),
+                        recall_by_visibility=ev.get("recall_by_visibility"))
+
+
+def _benchmark_entry(k: int, r: ResultRow, tmp: Path) -> ArchivedBenchmarkRow:
+    """Benchmark row ``r`` with each alliance's records copied as ``bench<k>_<types>.npz``. A row evaluated
+    once for every alliance (no fusion: the ego alone) has one records file, which its alliances share."""
+    alliances = []
+    for d in r.dynamic or []:
+        types = list(d["types"])
+        src = RunFolder(r.run).frames(evaluation_label(alliance=types)) if r.run else None
+        same = next((a for a in alliances if a.eval.ap == d["ap"]), None)
+        if (src is None or not src.is_file()) and same is not None:
+            alliances.append(ArchivedAlliance(types, same.eval))
+            continue
+        ev = _copy_eval(d, str(src) if src else None, tmp, f"bench{k}_{''.join(types)}.npz",
+                        f"benchmark row {r.method!r}: the frames file of alliance {'+'.join(types)}")
+        alliances.append(ArchivedAlliance(types, ev))
+    if not alliances:
+        raise ValueError(f"benchmark row {r.method!r} has no evaluation per alliance (dynamic) to archive")
+    return ArchivedBenchmarkRow(r.method, alliances, onboard_method=r.onboard_method,
+                                trainable_params=r.trainable_params, train_wall_s=r.train_wall_s,
+                                protocol=r.protocol, training_seed=r.training_seed, optimizer_steps=r.optimizer_steps)
+
+
+def archive_seed(rows: Sequence[ResultRow], seed: int, dest: Path, meta: Optional[dict] = None,
+                 test_root: Optional[Path] = None) -> Path:
+    """Write ``dest/seed<seed>/`` from ``rows``: the main table's (their ``eval`` and ``ego_only`` with
+    their ``frames_file``, ``trainable_params``, ``train_wall_s``, protocol, training seed and optimizer
+    steps) and the benchmark's (each alliance's evaluation with its records); returns the folder.
+    ``test_root``: the data the rows were evaluated on, whose test scenes' families
+    (:func:`opencood_ext.sim.families.scenario_families`) the archive keeps as ``scene_families``.
 
     Rows without per-frame records raise (the archive would not support the paired statistics)."""
     folder = Path(dest) / f"seed{seed}"
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    entries = []
-    for k, r in enumerate(r for r in rows if r.table == "main"):
-        evals = {}
-        for key, ev, suffix in (("eval", r.eval, ""), ("ego_only", r.ego_only or {}, "_ego_only")):
-            src = ev.get("frames_file")
-            if not src or not Path(src).is_file():
-                shutil.rmtree(tmp)
-                raise FileNotFoundError(f"row {r.method!r}: {key}.frames_file {src!r} is missing; evaluate the "
-                                        "run again (gencomm-infer writes it) before archiving")
-            name = f"row{k}{suffix}.npz"
-            if key == "ego_only" and src == r.eval["frames_file"]:
-                name = evals["eval"].frames  # no fusion: its own evaluation has no collaborators to switch off
-            else:
-                shutil.copyfile(src, tmp / name)
-            evals[key] = ArchivedEval(ap=ev["ap"], ap_ci=ev.get("ap_ci"), frames=name,
-                                      bytes_per_message=ev.get("bytes_per_message"),
-                                      recall_by_visibility=ev.get("recall_by_visibility"))
-        entries.append(ArchivedRow(r.method, evals["eval"], evals["ego_only"], r.trainable_params,
-                                   r.train_wall_s).to_dict())
+    entries, bench = [], []
+    try:
+        for k, r in enumerate(r for r in rows if r.table == "main"):
+            evals = {}
+            for key, ev, suffix in (("eval", r.eval, ""), ("ego_only", r.ego_only or {}, "_ego_only")):
+                if key == "ego_only" and ev.get("frames_file") == r.eval.get("frames_file"):
+                    evals[key] = evals["eval"]  # no fusion: its own evaluation has no collaborators to switch off
+                    continue
+                evals[key] = _copy_eval(ev, ev.get("frames_file"), tmp, f"row{k}{suffix}.npz",
+                                        f"row {r.method!r}: {key}.frames_file")
+            entries.append(ArchivedRow(r.method, evals["eval"], evals["ego_only"], r.trainable_params, r.train_wall_s,
+                                       protocol=r.protocol, training_seed=r.training_seed,
+                                       optimizer_steps=r.optimizer_steps).to_dict())
+        bench = [_benchmark_entry(k, r, tmp).to_dict() for k, r in enumerate(r for r in rows
+                                                                            if r.table == "heterogeneous")]
+        families = None
+        if test_root is not None:
+            scenes = {s for name in tmp.glob("*.npz") for s in FrameRecords.load(name).scene_ids}
+            families = scenario_families(test_root, sorted(scenes))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     doc = {"version": ARCHIVE_VERSION, "seed": int(seed), **(meta or {}),
            # the code that trained the runs: the caller's when it knows it, else this checkout's
            "commit": meta["commit"] if meta and "commit" in meta else git_commit(Path(__file__).resolve().parents[1]),
            "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "rows": entries}
+           "rows": entries, "benchmark": bench}
+    if families is not None:
+        doc["scene_families"] = families
     (tmp / "rows.json").write_text(json.dumps(doc, indent=2))
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
@@ -90,19 +138,27 @@ def archive_seed(rows: Sequence[ResultRow], seed: int, dest: Path, meta: Optiona
 
 @dataclass
 class SeedArchive:
-    """One training seed's main-table rows, read from an archive folder."""
+    """One training seed's main-table rows and (version 2) benchmark rows, read from an archive folder."""
 
     folder: Path
     seed: int
     meta: dict
     rows: List[ArchivedRow]
+    benchmark: List[ArchivedBenchmarkRow] = field(default_factory=list)
 
     def row(self, method: str) -> Optional[ArchivedRow]:
         return next((r for r in self.rows if r.method == method), None)
 
+    def bench_row(self, method: str) -> Optional[ArchivedBenchmarkRow]:
+        return next((r for r in self.benchmark if r.method == method), None)
+
     def records(self, row: ArchivedRow, key: str = "eval") -> FrameRecords:
         """The per-frame records of ``row``'s evaluation ``key`` ("eval" or "ego_only")."""
-        return FrameRecords.load(self.folder / (row.eval if key == "eval" else row.ego_only).frames)
+        return self.load(row.eval if key == "eval" else row.ego_only)
+
+    def load(self, ev: ArchivedEval) -> FrameRecords:
+        """The per-frame records of an archived evaluation of this archive."""
+        return FrameRecords.load(self.folder / ev.frames)
 
     def test_frames(self) -> set:
         """The keys (``scene/timestamp``) of the test frames its rows were evaluated on."""
@@ -122,13 +178,17 @@ def load_archive(folder) -> SeedArchive:
     for field in ("version", "seed", "rows"):
         if field not in doc:
             raise ValueError(f"{path}: missing field {field!r}")
-    if doc["version"] != ARCHIVE_VERSION:
-        raise ValueError(f"{path}: field 'version' is {doc['version']!r}; this code reads version {ARCHIVE_VERSION}")
-    if not isinstance(doc["rows"], list):
-        raise ValueError(f"{path}: field 'rows' must be a list")
+    if doc["version"] not in READS:
+        raise ValueError(f"{path}: field 'version' is {doc['version']!r}; this code reads versions "
+                         f"{', '.join(map(str, READS))}")
+    for field_name in ("rows", "benchmark"):
+        if not isinstance(doc.get(field_name, []), list):
+            raise ValueError(f"{path}: field {field_name!r} must be a list")
     rows = [ArchivedRow.from_dict(r, f"rows[{k}].", str(path)) for k, r in enumerate(doc["rows"])]
-    meta = {k: v for k, v in doc.items() if k not in ("rows", "seed")}
-    return SeedArchive(Path(folder), int(doc["seed"]), meta, rows)
+    bench = [ArchivedBenchmarkRow.from_dict(r, f"benchmark[{k}].", str(path))
+             for k, r in enumerate(doc.get("benchmark", []))]
+    meta = {k: v for k, v in doc.items() if k not in ("rows", "seed", "benchmark")}
+    return SeedArchive(Path(folder), int(doc["seed"]), meta, rows, bench)
 
 
 def load_archives(folders: Sequence) -> List[SeedArchive]:
@@ -142,10 +202,10 @@ def load_archives(folders: Sequence) -> List[SeedArchive]:
     for prev, a in zip(archives, archives[1:]):
         if a.seed == prev.seed:
             raise ValueError(f"seed {a.seed} twice: {prev.folder} and {a.folder}")
-        for field in ("profile", "data_seed"):
-            if a.meta.get(field) != first.meta.get(field):
-                raise ValueError(f"{a.folder / 'rows.json'}: field {field!r} is {a.meta.get(field)!r}, but "
-                                 f"{first.folder / 'rows.json'} has {first.meta.get(field)!r}: not the same experiment")
+        for key in ("profile", "data_seed"):
+            if a.meta.get(key) != first.meta.get(key):
+                raise ValueError(f"{a.folder / 'rows.json'}: field {key!r} is {a.meta.get(key)!r}, but "
+                                 f"{first.folder / 'rows.json'} has {first.meta.get(key)!r}: not the same experiment")
         frames = a.test_frames()
         if frames != frames0:
             raise ValueError(f"{a.folder}: its test frames differ from {first.folder}'s "
@@ -277,8 +337,11 @@ def _archive_command(args):
     if args.seed is None and not res.training_seeds:
         raise ResultsError(f"{args.results}: missing field 'training_seeds' (give --seed)")
     seed = res.training_seeds[0] if args.seed is None else args.seed
+    test_root = Path(res.test_data or res.data)
     folder = archive_seed(res.rows, seed, args.out, {"profile": res.profile, "data_seed": res.seed,
-                                                     "from": str(args.results), "commit": args.commit or res.commit})
+                                                     "from": str(args.results), "commit": args.commit or res.commit,
+                                                     "command": res.command},
+                          test_root=test_root if test_root.is_dir() else None)
     return folder, seed
 
 

@@ -88,8 +88,23 @@ def _row_dicts(tmp, seed, hits):
         if method == "No fusion":
             entry["ego_only"] = entry["eval"]  # as the main job records it: one evaluation
         rows.append(entry)
-    return rows + [{"method": "BackAlign (m3 onboarded)", "table": "heterogeneous", "eval": {}, "train_wall_s": 0,
-                    "trainable_params": 0}]  # not archived
+    return rows + [_bench_row_dict(tmp, seed, hits["GenComm (m3 onboarded)"][0])]
+
+
+def _bench_row_dict(tmp, seed, hits):
+    """A benchmark row as results.json holds it: its run folder holds the records of alliances {m1} and {m1, m3}
+    (``hits - 2`` and ``hits`` hit scenes)."""
+    from opencood_ext.run_folder import RunFolder, evaluation_label
+    run = tmp / f"s{seed}_onboard_backalign_m3"
+    run.mkdir(exist_ok=True)
+    dynamic = []
+    for types, h in ((["m1"], hits - 2), (["m1", "m3"], hits)):
+        _records(set(range(h))).save(RunFolder(run).frames(evaluation_label(alliance=types)))
+        ap = {t: h / SCENES for t in ("0.3", "0.5", "0.7")}
+        dynamic.append({"types": types, "ap": {"global": ap, "per_frame": ap}, "bytes_per_message": 5.0})
+    return {"method": "BackAlign (m3 onboarded)", "table": "heterogeneous", "eval": dynamic[-1], "run": str(run),
+            "dynamic": dynamic, "train_wall_s": 3.0, "trainable_params": 11, "onboard_method": "backalign",
+            "protocol": "equalized", "training_seed": seed, "optimizer_steps": 40}
 
 
 HITS = {0: {"No fusion": (5, 5), "Late fusion": (10, 4), "GenComm (m3 onboarded)": (7, 5)},
@@ -119,6 +134,13 @@ def test_archive_round_trip_and_spread(tmp_path):
     assert late["0.5"]["mean"] == pytest.approx((1.0 + 1.0 + 0.9) / 3)
     assert late["0.5"]["std"] == pytest.approx(np.std([1.0, 1.0, 0.9], ddof=1))
     assert a.row("No fusion").ego_only.frames == "row0.npz"  # one evaluation, stored once
+    # version 2: the benchmark row, every alliance with its own records, and what the row states about its run
+    b = a.bench_row("BackAlign (m3 onboarded)")
+    assert [x.types for x in b.alliances] == [["m1"], ["m1", "m3"]]
+    assert (b.protocol, b.training_seed, b.optimizer_steps, b.onboard_method) == ("equalized", 1, 40, "backalign")
+    assert a.load(b.alliance(["m1", "m3"]).eval).num_frames == SCENES * FRAMES
+    assert a.load(b.alliance(["m1"]).eval).num_scenes == SCENES
+    assert b.alliance(["m1"]).eval.ap["global"]["0.5"] == pytest.approx(0.5)  # 7 - 2 of 10 scenes
 
 
 def test_seed_section_verdicts(tmp_path):
