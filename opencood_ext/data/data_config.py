@@ -57,6 +57,11 @@ class DataConfig:
         each decoded point cloud and yaml's labels there as numpy arrays, checked
         against the source's modification time and size, so later epochs read no
         text (``opencood_ext.data.formats.decode_cache``).
+    shuffle_points: permute each LiDAR scan before voxelising, as the reference's ``shuffle_points``
+        (GenComm / HEAL ``pcd_utils.py``; it decides the points a voxel past ``max_points_per_voxel``
+        keeps and, past ``max_voxels``, the voxels kept). Seeded by (dataset seed, frame index,
+        agent id) and, in training, torch's RNG, so an evaluation repeats; the reference's is unseeded.
+        Default False: the file's order.
     """
 
     def class_table(self) -> Dict[str, int]:
@@ -85,6 +90,7 @@ class DataConfig:
     reader_options: Dict[str, Any] = field(default_factory=dict)
     collaborator_frame: Literal["own", "ego"] = "own"
     cache_dir: Optional[str] = None
+    shuffle_points: bool = False
 
     def __post_init__(self):
         if not self.comm_range > 0:  # also refuses NaN

@@ -264,6 +264,11 @@ class CooperativeDataset(Dataset):
         out.T_lidar_from_camera = np.stack(exts).astype(np.float32)
         out.depth = np.stack(depths).astype(np.float32) if depths else None
 
+    def _shuffle_rng(self, index: int, agent_id: int) -> np.random.Generator:
+        """The generator of ``data.shuffle_points`` for one agent's scan of frame ``index``."""
+        draw = int(torch.randint(0, 2**31 - 1, ())) if self.train else 0
+        return np.random.default_rng((self.seed, index, 2 * abs(int(agent_id)) + (agent_id < 0), draw))
+
     # ------------------------------------------------------------------ latency
     def _earlier_index(self, index: int) -> int:
         """The index of the frame ``latency_frames`` earlier in the same scenario (clamped)."""
@@ -351,6 +356,8 @@ class CooperativeDataset(Dataset):
                     continue  # a camera agent has no points to send
                 pts = np.asarray(self.lidar_points(a, spec.lidar_beams, frame if ts == times[0] else None),
                                  dtype=np.float32)
+                if self.cfg.shuffle_points:
+                    pts = pts[self._shuffle_rng(index, a.agent_id).permutation(len(pts))]
                 if a is ego and not np.allclose(A, np.eye(4)):
                     pts, pose = transform_points(A, pts).astype(np.float32), T_world_from_augego
                 else:
@@ -377,6 +384,8 @@ class CooperativeDataset(Dataset):
                     if t not in self.voxelizers:
                         raise ValueError(f"agent {a.agent_id} is of type {t}, for which the model has no "
                                          f"LiDAR encoder; model LiDAR types: {sorted(self.voxelizers)}")
+                    if self.cfg.shuffle_points:
+                        pts = pts[self._shuffle_rng(index, a.agent_id).permutation(len(pts))]
                     item.voxels = self.voxelizers[t](pts)
                     item.num_points = len(pts)
                 else:
