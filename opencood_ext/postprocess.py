@@ -9,10 +9,13 @@ rule, :func:`~opencood_ext.geometry.boxes_inside_range`) -> at most
 
 ``protocol="reference"`` computes instead what the GenComm reference / HEAL code's
 ``VoxelPostprocessor`` does (:func:`decode_reference`, rules in :class:`ReferenceRules`;
-docs/protocol.md "Reference protocol: evaluation" lists each rule with its source).
+docs/protocol.md "Reference protocol: evaluation" lists each rule with its source), in two pieces
+that late fusion uses apart: each agent's candidates (:func:`reference_candidates`), then the
+merge of every agent's in the ego frame (:func:`reference_merge`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import List, Literal, Optional, Sequence, Tuple
 
@@ -117,6 +120,16 @@ class ReferenceRules:
     range_z: bool
     best_class: bool
 
+    def may_survive(self, boxes: torch.Tensor) -> torch.Tensor:
+        """(P,) bool for boxes (P, 7): False for a box that step 4 of :func:`decode_reference`
+        drops wherever a yaw rotation and a translation put it (late fusion's sender leaves those
+        out of its message): non-finite, longer or wider than sqrt(2) ``max_extent`` (an l x w
+        rectangle spans at least max(l, w) / sqrt(2) along x or along y), or taller than the
+        z bounds' span."""
+        finite = torch.isfinite(boxes).all(dim=1)
+        z_span = self.z_bounds[1] - self.z_bounds[0]
+        return finite & (boxes[:, 3:5].amax(dim=1) <= math.sqrt(2) * self.max_extent) & (boxes[:, 5] <= z_span)
+
 
 # VoxelPostprocessor.post_process (OPV2V, OPV2V-H, V2XSet, DAIR-V2X: one class)
 REFERENCE_ONE_CLASS = ReferenceRules(max_extent=6.0, z_bounds=(-3.0, 1.0), top_k=1000, range_z=True,
@@ -136,6 +149,7 @@ def decode_reference(head_out: HeadOutput, anchors: torch.Tensor, score_threshol
                      gt_range: Optional[Sequence[float]], coder: BoxCoder,
                      rules: Optional[ReferenceRules] = None) -> List[Detections]:
     """The reference's post-processing, per batch item (it evaluates one frame at a time):
+    :func:`reference_candidates` (steps 1-3), then :func:`reference_merge` (steps 4-6).
 
     1. sigmoid scores; one class: each anchor's score; several: each anchor's best class;
     2. keep anchors scoring above ``score_threshold`` (strictly), decode them;
@@ -149,11 +163,21 @@ def decode_reference(head_out: HeadOutput, anchors: torch.Tensor, score_threshol
     -> :class:`Detections` in NMS order (score descending). Non-finite boxes are dropped (the
     reference's extent test drops them too).
     """
+    rules = rules or reference_rules(head_out.flat()[0].shape[2])
+    return [reference_merge(d.boxes, d.scores, d.labels, nms_iou, gt_range, rules)
+            for d in reference_candidates(head_out, anchors, score_threshold, coder, rules)]
+
+
+def reference_candidates(head_out: HeadOutput, anchors: torch.Tensor, score_threshold: float, coder: BoxCoder,
+                         rules: ReferenceRules) -> List[Detections]:
+    """Steps 1-3 of :func:`decode_reference` per batch item: what the reference's post-processing
+    makes of one agent's maps before it projects them to the ego (late fusion merges these of
+    every agent, :func:`reference_merge`). -> :class:`Detections` in anchor order (NOT sorted by
+    score), boxes in the maps' frame."""
     cls, reg, dirs = head_out.flat()
     anchors = anchors.reshape(-1, 7).to(reg.device, reg.dtype)
     if anchors.shape[0] != reg.shape[1]:
         raise ValueError(f"decode_detections: {anchors.shape[0]} anchors for {reg.shape[1]} head predictions")
-    rules = rules or reference_rules(cls.shape[2])
     results = []
     for b in range(cls.shape[0]):
         prob = torch.sigmoid(cls[b].detach().float())  # (N, ncls)
@@ -165,26 +189,33 @@ def decode_reference(head_out: HeadOutput, anchors: torch.Tensor, score_threshol
         boxes = coder.decode(reg[b, idx].detach().float(), anchors[idx].float())
         if dirs is not None and not rules.best_class and idx.numel():
             boxes[:, 6] = coder.apply_direction(boxes[:, 6], dirs[b, idx].argmax(dim=-1))
-        scores, labels = scores_all[idx], labels_all[idx]
-        with np.errstate(invalid="ignore", over="ignore"):
-            corners = boxes_to_corners(boxes.cpu().numpy())  # (N, 8, 3)
-            span = corners.max(axis=1) - corners.min(axis=1)  # (N, 3) extent along x, y, z
-            keep = ((span[:, 0] <= rules.max_extent) & (span[:, 1] <= rules.max_extent) & (span[:, 1] != 0)
-                    & (corners[:, :, 2].min(axis=1) >= rules.z_bounds[0])
-                    & (corners[:, :, 2].max(axis=1) <= rules.z_bounds[1]))
-        keep_t = torch.from_numpy(keep).to(boxes.device)
-        boxes, scores, labels = boxes[keep_t], scores[keep_t], labels[keep_t]
-        order = np.argsort(scores.cpu().numpy())[::-1][:rules.top_k].copy()
-        order_t = torch.from_numpy(order).to(boxes.device)
-        boxes, scores, labels = boxes[order_t], scores[order_t], labels[order_t]
-        if len(boxes):
-            picked = rotated_nms(boxes, scores, nms_iou)  # equal scores keep the order given
-            boxes, scores, labels = boxes[picked], scores[picked], labels[picked]
-        if gt_range is not None and len(boxes):
-            r = np.asarray(gt_range, dtype=np.float64)
-            axes = 3 if rules.range_z else 2
-            c = boxes_to_corners(boxes.cpu().numpy())[..., :axes]
-            inside = torch.from_numpy(((c >= r[:axes]) & (c <= r[3:3 + axes])).all(axis=(1, 2))).to(boxes.device)
-            boxes, scores, labels = boxes[inside], scores[inside], labels[inside]
-        results.append(Detections(boxes=boxes.reshape(-1, 7), scores=scores, labels=labels))
+        results.append(Detections(boxes=boxes.reshape(-1, 7), scores=scores_all[idx], labels=labels_all[idx]))
     return results
+
+
+def reference_merge(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, nms_iou: float,
+                    gt_range: Optional[Sequence[float]], rules: ReferenceRules) -> Detections:
+    """Steps 4-6 of :func:`decode_reference` on one frame's candidates (boxes (N, 7) in the ego
+    frame, every agent's concatenated in the reference's agent order for late fusion: the order
+    decides ties). -> :class:`Detections` in NMS order."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        corners = boxes_to_corners(boxes.cpu().numpy())  # (N, 8, 3)
+        span = corners.max(axis=1) - corners.min(axis=1)  # (N, 3) extent along x, y, z
+        keep = ((span[:, 0] <= rules.max_extent) & (span[:, 1] <= rules.max_extent) & (span[:, 1] != 0)
+                & (corners[:, :, 2].min(axis=1) >= rules.z_bounds[0])
+                & (corners[:, :, 2].max(axis=1) <= rules.z_bounds[1]))
+    keep_t = torch.from_numpy(keep).to(boxes.device)
+    boxes, scores, labels = boxes[keep_t], scores[keep_t], labels[keep_t]
+    order = np.argsort(scores.cpu().numpy())[::-1][:rules.top_k].copy()
+    order_t = torch.from_numpy(order).to(boxes.device)
+    boxes, scores, labels = boxes[order_t], scores[order_t], labels[order_t]
+    if len(boxes):
+        picked = rotated_nms(boxes, scores, nms_iou)  # equal scores keep the order given
+        boxes, scores, labels = boxes[picked], scores[picked], labels[picked]
+    if gt_range is not None and len(boxes):
+        r = np.asarray(gt_range, dtype=np.float64)
+        axes = 3 if rules.range_z else 2
+        c = boxes_to_corners(boxes.cpu().numpy())[..., :axes]
+        inside = torch.from_numpy(((c >= r[:axes]) & (c <= r[3:3 + axes])).all(axis=(1, 2))).to(boxes.device)
+        boxes, scores, labels = boxes[inside], scores[inside], labels[inside]
+    return Detections(boxes=boxes.reshape(-1, 7), scores=scores, labels=labels)

@@ -83,6 +83,13 @@ def reference_post_process(cls, reg, dirs, anchors, multi_class: bool):
     """What the reference computes for one frame. cls (1, K*C, H, W), reg (1, K*7, H, W) in OUR
     delta order [dx, dy, dz, dl, dw, dh, dyaw], dirs (1, K*2, H, W); anchors (H, W, K, 7) ours.
     -> corners (N, 8, 3), scores (N,), labels (N,)."""
+    boxes, score, label = reference_candidates(cls, reg, dirs, anchors, multi_class)
+    return reference_merge(_corners_hwl(boxes), score, label, multi_class)
+
+
+def reference_candidates(cls, reg, dirs, anchors, multi_class: bool):
+    """One agent's part (same arguments): threshold, decode, direction. -> boxes (N, 7) in the
+    reference's order [x, y, z, h, w, l, yaw], scores (N,), labels (N,), in anchor order."""
     # the reference's box order is x, y, z, h, w, l, yaw: anchors and deltas with l and h swapped
     swap = [0, 1, 2, 5, 4, 3, 6]
     anchors_hwl = anchors.reshape(-1, 7)[:, swap].double()
@@ -107,7 +114,12 @@ def reference_post_process(cls, reg, dirs, anchors, multi_class: bool):
         offset, period = math.pi / 4, math.pi
         rot = _limit_period(boxes[:, 6] - offset, 0, period)
         boxes[:, 6] = _limit_period(rot + offset + period * dir_label, 0.5, 2 * np.pi)
-    corners = _corners_hwl(boxes)
+    return boxes, score, label
+
+
+def reference_merge(corners, score, label, multi_class: bool):
+    """The rest, on corners (N, 8, 3) in the ego frame (late fusion: every agent's, projected):
+    size and z filters, top 1000, NMS, range mask. -> corners, scores, labels."""
     xs, ys, zs = corners[..., 0], corners[..., 1], corners[..., 2]
     big, zlo, zhi = (100.0, -100.0, 100.0) if multi_class else (6.0, -3.0, 1.0)
     keep = (np.ptp(xs, axis=1) <= big) & (np.ptp(ys, axis=1) <= big) & (np.ptp(ys, axis=1) != 0) \

@@ -29,7 +29,7 @@ from ..comm.channel import ChannelConfig
 from ..geometry.boxes import boxes_inside_range
 from ..comm.messages import Acceptance, Delivery, ReceiverContext, transmit
 from ..comm.receiver import ReceiverConfig
-from ..postprocess import Detections, decode_detections
+from ..postprocess import Detections, decode_detections, reference_candidates, reference_rules
 from ..registry import Registry
 from . import build
 from .anchors import AnchorGenerator, BoxCoder, Targets, assign_targets, assign_targets_reference
@@ -297,18 +297,26 @@ class CooperativeDetector(nn.Module):
         then the 1x1 head. Every detection path goes through here."""
         return self.head(self.post_fusion(bev))
 
-    def sender_detections(self, bev: Tensor, agent_types: List[str]) -> List[Detections]:
+    def sender_detections(self, bev: Tensor, agent_types: List[str], candidates: bool = False) -> List[Detections]:
         """Late fusion's sender side: each agent's own boxes from its (N, C, H, W) map, unfiltered by
         the receiver's range. A type in ``sender_detectors`` detects with its own separately trained
         model (late fusion of stage-1 runs, :func:`opencood_ext.runs.late_fusion_of`); the others
-        with this model's head."""
+        with this model's head. ``candidates``: the reference's per-agent part only (thresholded,
+        decoded, direction applied: :meth:`candidates`), which its late fusion merges in the ego frame."""
         out: List[Optional[Detections]] = [None] * len(agent_types)
         for t in dict.fromkeys(agent_types):
             rows = [i for i, a in enumerate(agent_types) if a == t]
             own = self.sender_detectors[t] if t in self.sender_detectors else self
-            for i, d in zip(rows, own.decode(own.detect(bev[rows]), gt_range=None)):
+            head = own.detect(bev[rows])
+            for i, d in zip(rows, own.candidates(head) if candidates else own.decode(head, gt_range=None)):
                 out[i] = d
         return out
+
+    def candidates(self, head: HeadOutput) -> List[Detections]:
+        """The reference's per-agent post-processing (:func:`~opencood_ext.postprocess.reference_candidates`,
+        this model's threshold and anchors): what its late fusion projects to the ego and merges."""
+        return reference_candidates(head, self.anchors, self.post["score_threshold"], self.coder,
+                                    reference_rules(self.anchor_gen.num_classes))
 
     def decode(self, head: HeadOutput, gt_range: Union[str, None, Sequence[float]] = "ego") -> List[Detections]:
         """Head maps -> detections (post-processing settings of this model); ``gt_range`` "ego"

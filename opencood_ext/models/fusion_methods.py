@@ -26,7 +26,7 @@ none       the ego only            nothing                           detects on 
 early      every LiDAR agent's     its raw points (1, P, 4)          merges, voxelises, encodes
            raw points
 late       the ego (training);     its decoded boxes (1, P, 9)       moves them in, rotated NMS
-           every agent (eval)
+           every agent (eval)      (reference: its candidates)       (reference: the reference's merge)
 intermed.  every agent             the link's payload (m, H, W) of   link.receive, fuse, detect
                                    the link's kind (bev or codes)
 ========== ======================= ================================= ==========================
@@ -45,7 +45,7 @@ from ..comm.wire import BoxRules
 from ..data.inputs import LidarInput
 from ..data.voxelize import Voxelizer, collate_voxels, grid_shape
 from ..geometry.iou import rotated_nms
-from ..postprocess import Detections
+from ..postprocess import Detections, reference_merge, reference_rules
 from ..registry import Registry
 from .head import HeadOutput
 from .links import Arrival
@@ -159,7 +159,14 @@ class NoFusion(FusionMethod):
 class LateFusion(FusionMethod):
     """Each agent detects in its own frame and sends its boxes; the ego moves them into its frame
     and merges all by rotated NMS. Trained like ``none``, but with a random vehicle as the ego of
-    each training sample, so the one detector learns every agent's view."""
+    each training sample, so the one detector learns every agent's view.
+
+    Under ``protocol: reference`` the merge is the reference's (GenComm / HEAL
+    ``VoxelPostprocessor.post_process`` on every agent's maps): each agent sends its candidates
+    (thresholded, decoded, direction applied: :meth:`~.detector.CooperativeDetector.candidates`,
+    less those no pose can keep, :meth:`~opencood_ext.postprocess.ReferenceRules.may_survive`),
+    the ego moves them in and applies the size and z filters, the top 1000, NMS and the range mask
+    once over all (:func:`~opencood_ext.postprocess.reference_merge`), no cap."""
 
     name = "late"
     kind = "boxes"
@@ -177,7 +184,12 @@ class LateFusion(FusionMethod):
         rows = _collaborators(batch)
         if not rows:
             return Messages.empty(self.kind)
-        dets = model.sender_detections(feats[rows], [batch.agent_types[r] for r in rows])
+        reference = model.computation == "reference"
+        dets = model.sender_detections(feats[rows], [batch.agent_types[r] for r in rows], candidates=reference)
+        if reference:
+            rules = reference_rules(model.anchor_gen.num_classes)
+            kept = [rules.may_survive(d.boxes) for d in dets]
+            dets = [Detections(d.boxes[k], d.scores[k], d.labels[k]) for d, k in zip(dets, kept)]
         payload = [torch.cat([d.boxes, d.scores[:, None], d.labels[:, None].to(d.boxes.dtype)], dim=1).float()
                    for d in dets]
         return _messages(batch, rows, self.kind, payload)
@@ -185,7 +197,15 @@ class LateFusion(FusionMethod):
     def receive(self, model, batch, feats, arrived) -> ModelOutput:
         return ModelOutput(model.detect(ego_features(model, batch, feats)))
 
+    @staticmethod
+    def _arrived_boxes(arrived: Messages, k: int, T: Tensor, device) -> Tuple[Tensor, Tensor, Tensor]:
+        """Message ``k``'s boxes moved into its receiver's frame by ``T`` (4, 4), its scores and labels."""
+        p = arrived.payload[k].reshape(-1, 9).to(device)
+        return transform_boxes(p[:, :7], T), p[:, 7], p[:, 8].round().long()
+
     def detect(self, model, batch, feats, arrived) -> List[Detections]:
+        if model.computation == "reference":
+            return self._detect_reference(model, batch, feats, arrived)
         # the ego's own boxes decoded exactly as without fusion (range filter before the max_boxes cut),
         # so a sample whose messages were all lost detects exactly as fusion "none" does
         own = model.decode(model.detect(ego_features(model, batch, feats)))
@@ -196,18 +216,30 @@ class LateFusion(FusionMethod):
             if not mine:
                 out.append(d)
                 continue
-            boxes, scores, labels = [d.boxes], [d.scores], [d.labels]
-            for k in mine:
-                p = arrived.payload[k].reshape(-1, 9).to(feats.device)
-                boxes.append(transform_boxes(p[:, :7], T[k]))
-                scores.append(p[:, 7])
-                labels.append(p[:, 8].round().long())
-            boxes, scores, labels = torch.cat(boxes), torch.cat(scores), torch.cat(labels)
+            parts = [(d.boxes, d.scores, d.labels)] + [self._arrived_boxes(arrived, k, T[k], feats.device)
+                                                        for k in mine]
+            boxes, scores, labels = (torch.cat(x) for x in zip(*parts))
             keep = rotated_nms(boxes, scores, model.post["nms_iou"], model.post["max_boxes"]) if len(boxes) \
                 else torch.zeros(0, dtype=torch.long)
             boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
             inside = model.in_range(boxes)
             out.append(Detections(boxes=boxes[inside], scores=scores[inside], labels=labels[inside]))
+        return out
+
+    def _detect_reference(self, model, batch, feats, arrived) -> List[Detections]:
+        """The reference's late merge: per sample the ego's candidates, then each arrived message's
+        moved into the ego frame (in agent order, the reference's: it decides score ties), merged
+        once. With no message it is the ego's reference decoding (fusion ``none``)."""
+        rules = reference_rules(model.anchor_gen.num_classes)
+        own = model.candidates(model.detect(ego_features(model, batch, feats)))
+        T = arrived.T_ego_from_sender(batch.T_ego_from_world).to(feats.device)
+        out = []
+        for b, d in enumerate(own):
+            mine = sorted((k for k, r in enumerate(arrived.receiver) if r == b), key=lambda k: arrived.source_row[k])
+            parts = [(d.boxes, d.scores, d.labels)] + [self._arrived_boxes(arrived, k, T[k], feats.device)
+                                                        for k in mine]
+            boxes, scores, labels = (torch.cat(x) for x in zip(*parts))
+            out.append(reference_merge(boxes, scores, labels, model.post["nms_iou"], model.lidar_range, rules))
         return out
 
 
