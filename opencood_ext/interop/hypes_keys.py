@@ -120,12 +120,13 @@ KEYS: Dict[str, Rule] = {
     "heter.modality_setting.<m>.data_aug_conf.cams": Fixed(
         (["camera0", "camera1", "camera2", "camera3"],), "camera names"),
     "heter.modality_setting.<m>.data_aug_conf.resize_lim": Dropped(
-        "image resize/crop/rotate augmentation: we resize the whole image to final_dim"),
+        "training-time image resize/crop/rotate augmentation, not reproduced (test time: see bot_pct_lim)"),
     "heter.modality_setting.<m>.data_aug_conf.rot_lim": Dropped("image augmentation, not reproduced"),
     "heter.modality_setting.<m>.data_aug_conf.bot_pct_lim": Approx(
         "data.agent_types.<m>.image_size", "the reference resizes by max(final/H, final/W) and crops its rows "
         "from int((1 - mean(bot_pct_lim)) x resized H) - final H (for OPV2V's 600 x 800 and bot_pct_lim [0, 0.05]: "
-        "about 10 black rows on top, 10 cut at the bottom); ours resizes the whole image to final_dim"),
+        "about 10 black rows on top, 10 cut at the bottom); protocol: reference does the same with the mean "
+        "0.025 of [0, 0.05] (every GenComm / HEAL yaml), protocol: native resizes the whole image to final_dim"),
     "heter.modality_setting.<m>.data_aug_conf.rand_flip": Fixed((False,), "image flip"),
     # ---------------------------------------------------------------- fusion / pre- / post-processing
     "fusion.core_method": Fixed(("intermediateheter", "intermediateheterv2xreal", "intermediateheteradapter"),
