@@ -3,6 +3,7 @@ infrastructure-side/label/virtuallidar), the ego's all, an infrastructure box on
 ego box by a BEV IoU above 0.05; checked against a restatement of GenComm's dairv2x branch
 (``load_single_objects_dairv2x_hetero`` then the IoU merge) on a hand-built DAIR folder."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,3 +174,18 @@ def test_side_labels_errors(tmp_path):
     path.write_text(json.dumps(items))
     with pytest.raises(DataFormatError, match=r"001000\.json.*\[1\]\.rotation.*expected a number"):
         DairV2XReader(root, labels="sides")[0]
+
+
+def test_build_dataset_reads_the_sides_under_reference_only(tmp_path):
+    from opencood_ext.experiment import build_dataset, load_experiment
+
+    root = make_dair(tmp_path / "dair")
+    _write_sides(root)
+    split = tmp_path / "val.json"
+    split.write_text(json.dumps(["000010"]))
+    config = Path(__file__).resolve().parents[1] / "configs" / "dairv2x" / "m1_none.yaml"
+    sets = [f"data.root={root}", f"data.test_split={split}"]
+    ref = build_dataset(load_experiment(config, sets), str(split), train=False)
+    assert ref.protocol == "reference" and ref.reader.labels == "sides" and ref.read_frame(0).side_labels
+    native = build_dataset(load_experiment(config, sets + ["protocol=native"]), str(split), train=False)
+    assert native.reader.labels == "cooperative" and not native.read_frame(0).side_labels
