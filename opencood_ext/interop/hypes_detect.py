@@ -3,8 +3,10 @@
 V2X-Real's three classes come from ``postprocess.anchor_args.anchor_generator_config``:
 one anchor size, bottom height and (matched, unmatched) IoU pair per class, the rotations
 in radians there (degrees in ``anchor_args.r``), the bottom height used as the anchors'
-z as the reference's ``generate_anchor_box_v2xreal`` does. STAMP's files name a fusion
-per type (all must agree: ours has one).
+z as the reference's ``generate_anchor_box_v2xreal`` does. Under ``protocol: reference`` (every
+converted config's) the model builds the reference's direction head for it (a bin pair per
+rotation, shared by the classes), and its V2X-Real loss has no direction term (``dir_weight: 0``).
+STAMP's files name a fusion per type (all must agree: ours has one).
 """
 from __future__ import annotations
 
@@ -80,9 +82,6 @@ def anchors(r: HypesReader) -> dict:
                       "size_classes": list(range(ncls)),
                       "rotations": [float(a) for a in table[0]["anchor_rotations"]],
                       "z_center": [float(c["anchor_bottom_heights"][0]) for c in table]}
-    r.approximations.append((key, "the reference's multi-class head has num_bins x anchor_number direction "
-                             "channels (shared by the classes) and its V2X-Real loss no direction term; ours has "
-                             "a direction pair per anchor, trained with dir_weight 0"))
     out["pos_iou"] = [float(c["matched_threshold"]) for c in table]
     out["neg_iou"] = [float(c["unmatched_threshold"]) for c in table]
     return out

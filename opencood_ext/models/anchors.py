@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import List, Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from opencood_ext.geometry.boxes import limit_period
@@ -30,6 +31,10 @@ class AnchorGenerator:
     ``xmin + mx`` to ``xmax - mx`` (both ends included), ``H`` from ``ymin + my`` to
     ``ymax - my``; the reference's margin is its voxel size, not half a feature cell, so its
     anchors sit up to half a cell off the feature cells' centres.
+    protocol: "reference" without a margin computes the cell centres as the reference's
+    ``generate_anchor_box_v2xreal`` (``align_center``): numpy's ``arange`` from ``xmin + dx / 2``
+    by ``dx = (xmax - xmin) / W`` in float64, then float32 (up to one float32 step off the native
+    float32 formula in about half the cells).
     """
 
     def __init__(self, lidar_range: Sequence[float], feature_size: Sequence[int],
@@ -37,7 +42,7 @@ class AnchorGenerator:
                  rotations: Sequence[float] = (0.0, math.pi / 2),
                  z_center: Union[float, Sequence[float]] = -1.0,
                  size_classes: Optional[Sequence[int]] = None,
-                 margin: Optional[Sequence[float]] = None):
+                 margin: Optional[Sequence[float]] = None, protocol: str = "native"):
         sizes = [tuple(float(v) for v in s) for s in sizes]
         if not sizes or any(len(s) != 3 or min(s) <= 0 for s in sizes) or not len(rotations):
             raise ValueError(f"anchors: sizes must be positive (l, w, h) triples and rotations non-empty; "
@@ -50,32 +55,53 @@ class AnchorGenerator:
         xmin, ymin, _, xmax, ymax, _ = (float(v) for v in lidar_range)
         self.feature_size = (H, W)
         self.num_per_loc = len(sizes) * len(rotations)
+        self.num_rotations = len(rotations)
         self.num_classes = max(classes) + 1
-        if margin is None:
-            xs = xmin + (torch.arange(W, dtype=torch.float32) + 0.5) * (xmax - xmin) / W
-            ys = ymin + (torch.arange(H, dtype=torch.float32) + 0.5) * (ymax - ymin) / H
+        if margin is None and protocol == "reference":
+            xs, ys = _aligned_centres(xmin, xmax, W, "x"), _aligned_centres(ymin, ymax, H, "y")
+        elif margin is None:
+            xs = (xmin + (torch.arange(W, dtype=torch.float32) + 0.5) * (xmax - xmin) / W).double()
+            ys = (ymin + (torch.arange(H, dtype=torch.float32) + 0.5) * (ymax - ymin) / H).double()
         else:
             mx, my = (float(v) for v in margin) if len(margin) == 2 else (-1.0, -1.0)
             if not (0 <= mx < (xmax - xmin) / 2 and 0 <= my < (ymax - ymin) / 2):
                 raise ValueError(f"anchors.margin must be (mx, my) metres, >= 0 and inside half the range, "
                                  f"got {list(margin)}")
             # as numpy's linspace in float64, then float32 (the reference's anchors are float64 arrays)
-            xs = torch.linspace(xmin + mx, xmax - mx, W, dtype=torch.float64).float()
-            ys = torch.linspace(ymin + my, ymax - my, H, dtype=torch.float64).float()
-        per_loc = torch.tensor([[0.0, 0.0, z, *s, float(r)] for s, z in zip(sizes, zs) for r in rotations])
+            xs = torch.linspace(xmin + mx, xmax - mx, W, dtype=torch.float64)
+            ys = torch.linspace(ymin + my, ymax - my, H, dtype=torch.float64)
+        per_loc = torch.tensor([[0.0, 0.0, z, *s, float(r)] for s, z in zip(sizes, zs) for r in rotations],
+                               dtype=torch.float64)
         anchors = per_loc[None, None].repeat(H, W, 1, 1)  # (H, W, K, 7)
         anchors[..., 0] = xs[None, :, None]
         anchors[..., 1] = ys[:, None, None]
-        self.anchors = anchors
+        # float64 as computed (the reference's anchors are float64 arrays; its targets use them so)
+        self.anchors64 = anchors
+        self.anchors = anchors.float()
         self.anchor_classes = torch.tensor([c for c in classes for _ in rotations], dtype=torch.long)  # (K,)
 
     def flat(self) -> torch.Tensor:
         """(H * W * K, 7) anchors."""
         return self.anchors.reshape(-1, 7)
 
+    def flat64(self) -> torch.Tensor:
+        """(H * W * K, 7) float64 anchors before their rounding to float32 (:attr:`anchors`)."""
+        return self.anchors64.reshape(-1, 7)
+
     def flat_classes(self) -> torch.Tensor:
         """(H * W * K,) class index of each anchor."""
         return self.anchor_classes.repeat(self.feature_size[0] * self.feature_size[1])
+
+
+def _aligned_centres(lo: float, hi: float, n: int, axis: str) -> torch.Tensor:
+    """(n,) float64 cell centres as the reference's ``generate_anchor_box_v2xreal`` with
+    ``align_center``: ``np.arange(lo + step / 2, hi + 1e-5, step)``, ``step = (hi - lo) / n``."""
+    step = (hi - lo) / n
+    centres = np.arange(lo + step / 2, hi + 1e-5, step)
+    if len(centres) != n:
+        raise ValueError(f"anchors: the reference's aligned centres give {len(centres)} values along {axis} "
+                         f"for a feature map of {n} cells over [{lo}, {hi}]")
+    return torch.from_numpy(centres)
 
 
 class BoxCoder:
@@ -247,17 +273,36 @@ def assign_targets(anchors: torch.Tensor, gt_boxes: torch.Tensor,
     return _targets(labels, matched, anchors, gt, g_cls, coder)
 
 
-def standup_iou_reference(anchors: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
-    """(N, G) IoU of the axis-aligned BEV rectangles around anchors (N, 7) and boxes (G, 7), as the
-    reference's target assignment computes it (Fast R-CNN's ``bbox_overlaps`` in float32): every side
-    length and overlap counts one unit MORE than it measures (``x2 - x1 + 1``, in metres here), so
-    rectangles up to 1 m apart still overlap a little and IoUs of car-sized boxes are pulled up."""
-    def standup(b):
-        c, s = torch.cos(b[:, 6]).abs(), torch.sin(b[:, 6]).abs()
-        hx, hy = (c * b[:, 3] + s * b[:, 4]) / 2, (s * b[:, 3] + c * b[:, 4]) / 2
-        return torch.stack([b[:, 0] - hx, b[:, 1] - hy, b[:, 0] + hx, b[:, 1] + hy], dim=1)
+# corner offsets in units of (l, w, h): the bottom face, then the top (the reference's corner template)
+_CORNER_SIGNS = ((1, -1, -1), (1, 1, -1), (-1, 1, -1), (-1, -1, -1), (1, -1, 1), (1, 1, 1), (-1, 1, 1), (-1, -1, 1))
 
-    a, g = standup(anchors.double()).float(), standup(gt.double()).float()
+
+def standup_reference(boxes: torch.Tensor) -> torch.Tensor:
+    """(N, 7) boxes -> (N, 4) float32 ``[x1, y1, x2, y2]``, the axis-aligned BEV rectangle of the 8
+    corners computed in the reference's arithmetic (``boxes_to_corners_3d``, ``corner2d_to_standup_box``):
+    offsets ``(+-l/2, +-w/2, +-h/2)`` in float64 (its boxes are float64 arrays), then float32; the
+    rotation ``[[c, s, 0], [-s, c, 0], [0, 0, 1]]`` from cos / sin in float64, then float32; the
+    offsets times it in float32; the centre added in place (rounded to float32). Anchors fully inside
+    a large box tie in exact arithmetic; the reference breaks such ties by these roundings."""
+    boxes = boxes.double()
+    signs = boxes.new_tensor(_CORNER_SIGNS) / 2
+    local = (boxes[:, None, 3:6] * signs[None]).float()  # (N, 8, 3)
+    c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
+    zero, one = torch.zeros_like(c), torch.ones_like(c)
+    rot = torch.stack((c, s, zero, -s, c, zero, zero, zero, one), dim=1).view(-1, 3, 3).float()
+    corners = torch.matmul(local, rot)
+    corners += boxes[:, None, 0:3]
+    xy = corners[..., :2]
+    return torch.cat([xy.amin(dim=1), xy.amax(dim=1)], dim=1)
+
+
+def standup_iou_reference(anchors: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+    """(N, G) IoU of the axis-aligned BEV rectangles (:func:`standup_reference`) around anchors (N, 7)
+    and boxes (G, 7), as the reference's target assignment computes it (Fast R-CNN's ``bbox_overlaps``
+    in float32): every side length and overlap counts one unit MORE than it measures (``x2 - x1 + 1``,
+    in metres here), so rectangles up to 1 m apart still overlap a little and IoUs of car-sized boxes
+    are pulled up. Give float64 anchors and boxes where the reference has them (its anchors are)."""
+    a, g = standup_reference(anchors), standup_reference(gt)
     iw = (torch.minimum(a[:, None, 2], g[None, :, 2]) - torch.maximum(a[:, None, 0], g[None, :, 0]) + 1).clamp(min=0)
     ih = (torch.minimum(a[:, None, 3], g[None, :, 3]) - torch.maximum(a[:, None, 1], g[None, :, 1]) + 1).clamp(min=0)
     inter = iw * ih
@@ -277,15 +322,18 @@ def assign_targets_reference(anchors: torch.Tensor, gt_boxes: torch.Tensor,
     such box; each box's single best anchor (the first on a tie, IoU > 0) is positive too, matched
     to it unless the anchor is a threshold positive already; negative when every IoU is below
     ``neg_iou`` and it is no box's best anchor; else ignored. Multi-class: IoUs across classes are 0
-    (the reference's single-class rule per class)."""
+    (the reference's single-class rule per class: V2X-Real's ``generate_label_v2xreal``). The IoU
+    takes anchors and boxes in the precision given (the model passes its float64 anchors, as the
+    reference's); the box targets are encoded in float32."""
     coder = coder or BoxCoder()
+    given = (torch.as_tensor(anchors), torch.as_tensor(gt_boxes).reshape(-1, 7))  # their precision, for the IoU
     anchors, gt, a_cls, g_cls = _target_inputs(anchors, gt_boxes, gt_classes, anchor_classes,
                                                "assign_targets_reference")
     n, g = anchors.shape[0], gt.shape[0]
     labels = torch.zeros(n, dtype=torch.long)
     matched = torch.full((n,), -1, dtype=torch.long)
     if g:
-        iou = standup_iou_reference(anchors, gt)
+        iou = standup_iou_reference(*given)
         iou = torch.where(a_cls[:, None] == g_cls[None, :], iou, torch.zeros_like(iou))
         pos_t, neg_t = _per_class(pos_iou, a_cls), _per_class(neg_iou, a_cls)
         above = iou > pos_t[:, None]

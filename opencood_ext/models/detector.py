@@ -193,10 +193,13 @@ class CooperativeDetector(nn.Module):
             nn.Sequential(nn.Conv2d(fused, fused, 3, padding=1, bias=False),
                           nn.BatchNorm2d(fused), nn.ReLU(inplace=True))
             for _ in range(post_fusion_layers)])
-        self.anchor_gen = AnchorGenerator(self.lidar_range, self.grid.shape, **dict(anchors or {}))
+        self.anchor_gen = AnchorGenerator(self.lidar_range, self.grid.shape, **dict(anchors or {}),
+                                          protocol=self.computation)
         self.register_buffer("anchors", self.anchor_gen.flat(), persistent=False)
+        # the reference's direction head has a bin pair per rotation, shared by the classes (V2X-Real)
         self.head = AnchorHead(fused, num_anchors_per_loc=self.anchor_gen.num_per_loc,
-                               num_classes=self.anchor_gen.num_classes)
+                               num_classes=self.anchor_gen.num_classes,
+                               dir_slots=self.anchor_gen.num_rotations if self.computation == "reference" else None)
         self.coder = BoxCoder()
         self.pos_iou, self.neg_iou = pos_iou, neg_iou
         self.criterion = DetectionLoss(**dict(loss or {}))
@@ -357,7 +360,8 @@ class CooperativeDetector(nn.Module):
 
     # ------------------------------------------------------------------ loss
     def targets(self, gt_boxes: List[Tensor], gt_classes: List[Tensor]) -> Targets:
-        anchors = self.anchors.cpu()
+        # the reference's targets use its float64 anchors (their float32 rounding can break IoU ties otherwise)
+        anchors = self.anchor_gen.flat64() if self.computation == "reference" else self.anchors.cpu()
         anchor_classes = self.anchor_gen.flat_classes()
         assign = assign_targets_reference if self.computation == "reference" else assign_targets
         items = [assign(anchors, g.cpu().float(), self.pos_iou, self.neg_iou, self.coder,
