@@ -31,8 +31,20 @@ FILES = sorted(p.relative_to(ASSETS).as_posix() for repo in ("GenComm", "HEAL", 
 
 # (path pattern, what the refusal must say, a key as a rule): why the reference's run of such a file is not one here
 REFUSED = [
-    # STAMP's own repository: each type is a whole Pyramid Fusion model with adapters between models
-    (r"^STAMP/", "key 'model.core_method'"),
+    # STAMP's own repository (collab_w_adapter: the ego type's model converts, opencood_ext/methods/stamp_collab.py):
+    # stage train_adapter: the adapters' alignment alone, no output to detect with
+    (r"^STAMP/.*/(convnext_f_only|local_adapter/convnext_crop)/", "key 'model.args.stage'"),
+    # its 1x1-conv AdapterConv and attention AdapterAtt are not adapters here
+    (r"^STAMP/.*/local_adapter/(conv|att)/", "adapter.core_method'"),
+    # the task-agnostic files' m1 / m2 are BEV segmentation models (bev_seg_head)
+    (r"^STAMP/.*/task_agnostic/.*/m[12]/", "head_method'"),
+    # their m4 adapts a 0.4 m grid of another range to the protocol's (a resizing adapter)
+    (r"^STAMP/.*/task_agnostic/.*/m4/", "out_feature_shape'"),
+    # V2V4Real: no reader here (one file names fusion.dataset opv2v and converts)
+    (r"^STAMP/.*/v2v4real/.*/(final_infer|convnext_crop/|convnext_crop_w_output_(only_)?wholemap/(m4|protocol_./m4))",
+     "key 'fusion.dataset'"),
+    # SECOND's spconv input width 64 (HEAL issue 20: MeanVFE gives 4 features)
+    (r"^STAMP/.*/m2/config\.yaml$", "spconv.num_features_in'"),
     # the GenComm reference's STAMP inference: every type adapts to a protocol space no agent encodes
     (r"STAMP/m1.*_infer\.yaml$", "key 'model.core_method'"),
     # fusion modules that are not fusion ops here (V2X-ViT's, CoBEVT, DiscoNet, V2VNet, Where2comm)
@@ -111,6 +123,8 @@ SAMPLE = [
     "GenComm/opencood/hypes_yaml/dairv2x/GenComm_yamls/baselines/stage1/m3_att.yaml",
     "GenComm/opencood/hypes_yaml/dairv2x/GenComm_yamls/baselines/stage2/STAMP/m1m3_att_infer.yaml",
     "STAMP/opencood/hypes_yaml/opv2v/task_agnostic/local_adapter/convnext/m1/config.yaml",
+    "STAMP/opencood/hypes_yaml/opv2v/object_detection/local_adapter/convnext/m4/config.yaml",
+    "STAMP/opencood/hypes_yaml/v2v4real/MoreModality/OURS_4Agents_Heter_Simple/final_infer/convnext_crop/m4/config.yaml",
 ]
 
 

@@ -42,6 +42,7 @@ GENCOMM = {"type": "gencomm", "message": {"hidden_channels": 8}, "generator": {"
 # entries whose constructor needs arguments beyond the derived ones, or is large by default (also laid
 # over an onboarding method's own link spec); any other entry is built from its name alone
 LINK_ARGS = {"gencomm": GENCOMM, "stamp": {"protocol": "m1", "hidden_channels": 8, "blocks": 1, "kernel_size": 3},
+             "stamp_collab": {"ego": "m1", "hidden_channels": 8, "blocks": 1, "kernel_size": 3},
              "mpda": {"adapted_types": ["m2"], "resizer": {"mlp_dim": 16, "dim_head": 4},
                       "attention": {"heads": 2, "dim_head": 4}, "domain": {"hidden": 16}}}
 FUSION_OP_ARGS = {"v2xvit": dict(depth=1, agent_heads=2, agent_head_dim=8, windows=[4, 8], window_heads=[2, 1],

@@ -32,6 +32,7 @@ MODELS: Dict[str, str] = {  # reference model -> our intermediate-fusion link
     "heter_model_baseline_w_gencomm_stage1": "gencomm",
     "heter_model_baseline_w_gencomm_stage2": "gencomm",
     "heter_model_baseline_w_stamp": "stamp",  # STAMP's adapter stage: the GenComm reference's m0<m> files
+    "collab_w_adapter": "stamp_collab",  # STAMP's own repository: the ego type's model (hypes_stamp.py)
 }
 # reference models whose structure has no counterpart here: why, in one line
 _STAMP_REPO = ("STAMP's own repository: every type is a whole Pyramid Fusion model (its own fusion backbone, "
@@ -42,7 +43,6 @@ REFUSED_MODELS: Dict[str, str] = {
         "every type, the ego's included, goes through an adapter to a protocol space (heter.protocol_modality) "
         "that no agent here encodes; this project's STAMP link takes one agent type's space as the protocol "
         "(the identity for it): convert the adapter-stage m0<m>_*.yaml files instead"),
-    "collab_w_adapter": _STAMP_REPO,
     "collab_w_adapter_inference": _STAMP_REPO,
 }
 FUSION_OPS: Dict[str, str] = {"att": "att", "max": "max"}
@@ -55,7 +55,8 @@ SCHEDULERS = ("multistep", "step")
 _DERIVED = "derived by OpenCOOD's yaml parser from the range and voxel size; recomputed here"
 _PLACEHOLDER = "a placeholder in the reference (set per modality)"
 _ANCHOR_NOTE = "equal to the detection range"
-_STAMP_HEAD = "a type's own fusion / head width in STAMP's model, which its adapter stage (train_adapter) does not build"
+_STAMP_HEAD = ("a type's own fusion / head width in STAMP's model, which its adapter stage (train_adapter) does not "
+               "build; collab_w_adapter: the ego type's is checked against the built model, the others' are not built")
 _GENCOMM_BETAS = ("not read by the reference GenComm (cond_diff.py): its schedule is hard-coded linear in "
                   "sqrt(beta) from 5e-3 to 5e-2, which is our generator's default")
 
@@ -221,7 +222,9 @@ KEYS: Dict[str, Rule] = {
     "model.args.<m>.aligner_args.args.deform": Fixed((False,), "a ConvNeXt aligner without deformable convs"),
     "model.args.<m>.backbone_args": Fixed(("identity",), "the reference's identity backbone (a string in place of "
                                                        "the arguments): backbone type identity"),
-    "model.args.<m>.shrink_header.dim": Mapped("model.agent_types.<m>.shrink.dims (type downsample_conv)"),
+    "model.args.<m>.shrink_header.dim": Mapped("model.agent_types.<m>.shrink.dims (type downsample_conv); STAMP's "
+                                               "collab_w_adapter: the type's post-fusion shrink_conv, "
+                                               "model.fusion_args.shrink of the ego type"),
     "model.args.<m>.shrink_header.stride": Mapped("model.agent_types.<m>.shrink.stride"),
     "model.args.<m>.shrink_header.kernal_size": Mapped("model.agent_types.<m>.shrink.kernel_size"),
     "model.args.<m>.shrink_header.padding": Mapped("model.agent_types.<m>.shrink.padding"),
@@ -273,7 +276,8 @@ KEYS: Dict[str, Rule] = {
     "heter.modality_setting.<m>.postprocess.voxel_size": Dropped(
         "the voxel size of a STAMP type's own post-processor; the anchors are laid on the common feature grid"),
     "heter.modality_setting.<m>.postprocess.<rest>": Same("a type's own post-processing", "postprocess.<rest>"),
-    "model.args.stage": Fixed(("train_adapter",), "STAMP's adapter-training stage"),
+    "model.args.stage": Fixed(("train_adapter", "infer", "train_adapter_w_output", "train_adapter_output_only"),
+                              "STAMP's stage (heter_model_baseline_w_stamp: train_adapter only; hypes_stamp.py)"),
     "model.args.protocol_modality": Same("the protocol type", "heter.protocol_modality"),
     "model.args.<m>.lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
     # a type's own fusion and head: built by STAMP's model in every stage but train_adapter
@@ -296,7 +300,15 @@ KEYS: Dict[str, Rule] = {
     "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.early_scale": Fixed((1.0,), "input scale"),
     "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.late_upsample": Dropped(
         "where the adapter resizes; with in_feature_shape equal to out_feature_shape it resizes by 1"),
-    "model.args.crop_to_visible": Fixed((False,), "STAMP's alignment on every cell (true: on the visible range)"),
+    "model.args.crop_to_visible": Fixed((False, True), "STAMP's alignment on every cell (heter_model_baseline_w_stamp: "
+                                        "false only; collab_w_adapter: read by its alignment loss alone)"),
+    # STAMP's own repository (collab_w_adapter)
+    "model.args.<m>.head_method": Fixed(("point_pillar_pyramid_object_detection_head",),
+                                        "STAMP's anchor head (1x1 cls / reg / dir convs on the type's fused map)"),
+    "model.args.<m>.fusion_backbone.<k>": Mapped("model.fusion_args (the ego type's PyramidFusion; the other "
+                                                 "types' are not built)"),
+    "model.args.<m>.fusion_backbone": Fixed(("pyramid",), "a placeholder the file overrides with the arguments"),
+    "model.args.heterogeneous": Dropped("stored by STAMP's model, never read"),
     "model.args.<m>.visible_range": Dropped("read only with crop_to_visible"),
     "loss_adapter.core_method": Fixed(("adapter_loss",), "STAMP's alignment loss"),
     "loss_adapter.args.alpha_M2P": Mapped("model.link.m2p_weight"),

@@ -15,7 +15,7 @@ from .hypes_detect import anchors, fusion_op, loss_weights
 from .hypes_keys import ENCODERS, MODELS, REFUSED_MODELS, SENSORS
 from .hypes_pyramid import PYRAMID_MODELS, check_pyramid, pyramid_fusion, pyramid_stack
 from .hypes_reader import HypesReader, same_value
-from .hypes_stamp import stamp_link
+from .hypes_stamp import STAMP_COLLAB_MODELS, check_collab, stamp_collab, stamp_link
 
 # the reference LSS's camera_encoder -> our image trunk (opencood_ext/models/image_trunks.py)
 CAMERA_TRUNKS = {"EfficientNet": "efficientnet_b0", "Resnet101": "resnet101"}
@@ -115,7 +115,7 @@ def _stack(r: HypesReader, m: str) -> dict:
         voxel = _pillar_height(r, m, r.get(f"{setting}.preprocess.args.voxel_size"), core)
         encoder = _pillars(r, m, voxel) if ENCODERS[core] == "pointpillars" else _second(r, m, voxel)
     bb = f"{args}.backbone_args"
-    if r.get("model.core_method", None) in PYRAMID_MODELS:  # HEAL's ResNetBEVBackbone, identity aligner
+    if r.get("model.core_method", None) in PYRAMID_MODELS + STAMP_COLLAB_MODELS:  # HEAL's ResNetBEVBackbone
         return {"encoder": encoder, **pyramid_stack(r, m)}
     if r.has(bb):  # the string 'identity' (its rule checks the value): no backbone
         backbone = {"type": "identity"}
@@ -180,10 +180,11 @@ def model_section(r: HypesReader, types: List[str]) -> dict:
         r.refuse("model.core_method", f"model {core!r}: {REFUSED_MODELS[core]}")
     elif core not in MODELS:
         r.refuse("model.core_method", f"model {core!r} not supported; one of {sorted(MODELS)}")
+    collab = core in STAMP_COLLAB_MODELS  # fusion, fusion op and link: the ego type's (stamp_collab)
     model = {
-        "fusion": "intermediate", "fusion_op": fusion_op(r, types),
+        "fusion": "intermediate", "fusion_op": "pyramid" if collab else fusion_op(r, types),
         "agent_types": {m: _stack(r, m) for m in types},
-        "link": _link(r, MODELS.get(core, "full_feature"), types),
+        "link": {} if collab else _link(r, MODELS.get(core, "full_feature"), types),
         **anchors(r),
         "score_threshold": r.get("postprocess.target_args.score_threshold", 0.2),
         "nms_iou": r.get("postprocess.nms_thresh", 0.15),
@@ -191,6 +192,8 @@ def model_section(r: HypesReader, types: List[str]) -> dict:
     }
     if core in PYRAMID_MODELS:
         model.update(pyramid_fusion(r))
+    if collab:
+        model.update(stamp_collab(r, types))
     if r.has("loss.args.depth.weight"):
         model["depth_weight"] = r.get("loss.args.depth.weight")
     return model
@@ -203,8 +206,9 @@ def check_model(r: HypesReader, model) -> None:
             "model.args.message_extractor.in_ch", "model.args.enhancer.in_ch",
             "model.args.gencomm.model.in_channels", "model.args.gencomm.model.out_ch"]
     protocol = r.get("heter.protocol_modality", None)
+    collab = r.get("model.core_method", None) in STAMP_COLLAB_MODELS  # per-type widths: check_collab
     for m in model.encoders:  # STAMP's adapters state the width per type (the protocol's are not built)
-        if m != protocol:
+        if m != protocol and not collab:
             keys += [f"model.args.{m}.{a}.args.{io}_channels" for a in ("adapter", "reverter") for io in ("in", "out")]
     for key in keys:
         if r.has(key) and not same_value(r.get(key), c):
@@ -215,6 +219,8 @@ def check_model(r: HypesReader, model) -> None:
         for key, have in ((f"{args}.backbone_args.inplanes", stack.encoder.out_channels),
                           (f"{args}.encoder_args.map2bev.feature_num", stack.encoder.out_channels),
                           (f"{args}.shrink_header.input_dim", stack.backbone.out_channels)):
+            if collab and key.endswith("shrink_header.input_dim"):  # STAMP: the type's post-fusion shrink
+                continue
             if r.has(key) and not same_value(r.get(key), have):
                 r.refuse(key, f"is {r.get(key)} but the converted {m} stack gives {have}")
     voxel = r.get("preprocess.args.voxel_size", None)
@@ -226,3 +232,5 @@ def check_model(r: HypesReader, model) -> None:
                      f"anchors on {want} m cells (voxel x feature_stride) but the converted model's feature "
                      f"cell is {model.grid.cell} m")
     check_pyramid(r, model)
+    if collab:
+        check_collab(r, model)

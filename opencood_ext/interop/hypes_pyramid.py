@@ -35,25 +35,29 @@ def pyramid_stack(r: HypesReader, m: str) -> dict:
     return stack
 
 
-def pyramid_fusion(r: HypesReader) -> dict:
-    """``fusion``, ``fusion_op``, ``fusion_args`` and ``link`` of a heter_pyramid_collab file."""
-    strides = r.get(f"{_FB}.layer_strides")
-    args = {"layer_nums": r.get(f"{_FB}.layer_nums"), "layer_strides": strides,
-            "num_filters": r.get(f"{_FB}.num_filters"), "upsample_strides": r.get(f"{_FB}.upsample_strides"),
-            "num_upsample_filters": r.get(f"{_FB}.num_upsample_filter"), "resnext": bool(r.get(f"{_FB}.resnext", False))}
-    if r.has("model.args.shrink_header.dim"):
-        sh = "model.args.shrink_header"
+def pyramid_fusion(r: HypesReader, base: str = "model.args") -> dict:
+    """``fusion``, ``fusion_op``, ``fusion_args`` and ``link`` of a heter_pyramid_collab file; ``base``
+    ``model.args.<m>``: STAMP's collab_w_adapter, whose type ``<m>`` has its own fusion_backbone and
+    shrink_header (and its loss, ``loss.<m>.args``)."""
+    fb = f"{base}.fusion_backbone"
+    loss = "loss.args" if base == "model.args" else f"loss.{base.rsplit('.', 1)[1]}.args"
+    strides = r.get(f"{fb}.layer_strides")
+    args = {"layer_nums": r.get(f"{fb}.layer_nums"), "layer_strides": strides,
+            "num_filters": r.get(f"{fb}.num_filters"), "upsample_strides": r.get(f"{fb}.upsample_strides"),
+            "num_upsample_filters": r.get(f"{fb}.num_upsample_filter"), "resnext": bool(r.get(f"{fb}.resnext", False))}
+    if r.has(f"{base}.shrink_header.dim"):
+        sh = f"{base}.shrink_header"
         args["shrink"] = {"kernel_size": r.get(f"{sh}.kernal_size"), "stride": r.get(f"{sh}.stride"),
                           "padding": r.get(f"{sh}.padding"), "dims": r.get(f"{sh}.dim")}
     levels = len(args["layer_nums"] or [])
     if r.get("model.args.supervise_single", False):
-        if r.has("loss.args.pyramid.weight"):  # else PyramidFusion's default, HEAL's 0.4 halved per level
-            args["occupancy_weights"] = r.get("loss.args.pyramid.weight")
-        args["occupancy_pos_weight"] = r.get("loss.args.pos_cls_weight", 1.0)
-        down = r.get("loss.args.pyramid.relative_downsample", None)
+        if r.has(f"{loss}.pyramid.weight"):  # else PyramidFusion's default, HEAL's 0.4 halved per level
+            args["occupancy_weights"] = r.get(f"{loss}.pyramid.weight")
+        args["occupancy_pos_weight"] = r.get(f"{loss}.pos_cls_weight", 1.0)
+        down = r.get(f"{loss}.pyramid.relative_downsample", None)
         cum = [math.prod(strides[:i + 1]) for i in range(len(strides or []))]
         if down is not None and not same_value(list(down), cum):
-            r.refuse("loss.args.pyramid.relative_downsample", f"is {down} but the fusion backbone's levels are "
+            r.refuse(f"{loss}.pyramid.relative_downsample", f"is {down} but the fusion backbone's levels are "
                      f"{cum} times coarser than its input (our foreground targets follow the levels)")
     else:  # HEAL's train.py adds the foreground loss only with supervise_single
         args["occupancy_weights"] = [0.0] * levels

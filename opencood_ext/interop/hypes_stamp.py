@@ -40,6 +40,9 @@ def _size(r: HypesReader, m: str) -> dict:
 def stamp_link(r: HypesReader, types: List[str]) -> dict:
     """``model.link`` (type stamp) of a STAMP adapter-stage file."""
     protocol = r.get("heter.protocol_modality")
+    for key, want in (("model.args.stage", "train_adapter"), ("model.args.crop_to_visible", False)):
+        if r.has(key) and r.get(key) != want:
+            r.refuse(key, f"{r.get(key)!r}: heter_model_baseline_w_stamp is converted for {want!r} only")
     if protocol not in types:
         r.refuse("heter.protocol_modality", f"{protocol!r} must be one of the model's types {types}: the "
                                             f"protocol type's stack is built from the file")
@@ -79,3 +82,86 @@ def stamp_stage(r: HypesReader, types: List[str]) -> dict:
     protocol = r.get("heter.protocol_modality", None)
     new = [t for t in types if t != protocol]
     return {"stage": {"new_types": new, "method": "stamp"}, "modality": "cycle:" + ",".join([str(protocol), *new])}
+
+
+# ---------------------------------------------------------------- STAMP's own repository (collab_w_adapter)
+STAMP_COLLAB_MODELS = ("collab_w_adapter",)
+#: STAMP's model.args.stage -> whether the ego type's own rows go through its adapter and reverter
+#: (the adapter-training stages' output of the ego type fuses every agent's M -> P -> M round trip)
+COLLAB_STAGES = {"infer": False, "train_adapter_w_output": True, "train_adapter_output_only": True}
+
+
+def collab_ego(r: HypesReader, types: List[str]) -> str:
+    """The agent type whose fusion and heads the converted model holds: STAMP's ``ego_modality``."""
+    key = "model.args.ego_modality" if r.has("model.args.ego_modality") else "heter.ego_modality"
+    ego = str(r.get(key, types[0] if types else "m1"))
+    if ego not in types:
+        r.refuse(key, f"{ego!r} must be one of the model's types {types} (one type: the converted model is that "
+                      f"ego type's collaboration model)")
+        return types[0] if types else ego
+    return ego
+
+
+def stamp_collab(r: HypesReader, types: List[str]) -> dict:
+    """``fusion``, ``fusion_op``, ``fusion_args`` and ``link`` of a collab_w_adapter file: the ego type's
+    Pyramid Fusion, shrink_conv and heads, the ``stamp_collab`` link (opencood_ext/methods/stamp_collab.py)."""
+    from .hypes_pyramid import pyramid_fusion  # noqa: PLC0415 (here: hypes_model imports both modules)
+
+    stage = r.get("model.args.stage", "infer")
+    ego = collab_ego(r, types)
+    if stage not in COLLAB_STAGES:
+        r.refuse("model.args.stage", f"{stage!r}: STAMP's adapter stage without outputs (train_adapter) detects "
+                 f"nothing; one of {sorted(COLLAB_STAGES)}")
+        return {"fusion": "pyramid", "fusion_op": "pyramid", "link": {"type": "stamp_collab", "ego": ego}}
+    base = f"model.args.{ego}"
+    if r.get(f"{base}.fusion_method", "pyramid") != "pyramid":
+        r.refuse(f"{base}.fusion_method", f"{r.get(f'{base}.fusion_method')!r}: the ego type's fusion must be "
+                                          f"pyramid here (PyramidFusion)")
+    parts = pyramid_fusion(r, base)
+    cycle = COLLAB_STAGES.get(stage, False)
+    senders = [ego] if cycle else [t for t in types if t != ego]  # the adapter stages' agents are all ego
+    sizes = {}
+    for t in types:
+        for part in ("adapter", "reverter"):
+            if not r.children(f"model.args.{t}.{part}"):
+                continue
+            if r.get(f"model.args.{t}.{part}.core_method", "adapterconvnext") != "adapterconvnext":
+                r.refuse(f"model.args.{t}.{part}.core_method", f"{r.get(f'model.args.{t}.{part}.core_method')!r}: "
+                         f"only STAMP's AdapterConvNext is an adapter here")
+            sizes[(t, part)] = _size(r, t)
+    needed = [(t, "adapter") for t in senders] + ([(ego, "reverter")] if senders else [])
+    for t, part in needed:
+        if (t, part) not in sizes:
+            r.refuse(f"model.args.{t}.{part}", f"type {t} needs its {part} in the collaboration of a {ego} ego")
+    used = [sizes[k] for k in needed if k in sizes]
+    if any(s != used[0] for s in used[1:]):
+        r.refuse(f"model.args.{ego}.reverter.args.submodule_args", f"adapter / reverter sizes differ ({used}); "
+                 f"ours share one size")
+    link = {"type": "stamp_collab", "ego": ego, **(used[0] if used else {}), "kernel_size": 7, "cycle_own": cycle}
+    r.approximations.append(("model.args.ego_modality", (
+        f"STAMP runs, per sample, the ego's type's own fusion and heads; the converted model is type {ego}'s: "
+        f"the other types' fusion and heads are not built (their checkpoint keys are dropped, listed), and a "
+        f"sample whose ego is of another type is refused" + ("" if cycle else f"; data.modality puts {ego} on "
+                                                             f"every sample's ego"))))
+    if cycle:
+        r.approximations.append(("model.args.stage", (
+            f"{stage}: the reference's {ego} output fuses every agent's {ego} -> protocol -> {ego} round trip "
+            f"(its alignment loss and protocol output are training-time parts, not converted)")))
+    return {**parts, "link": link}
+
+
+def check_collab(r: HypesReader, model) -> None:
+    """Widths a collab_w_adapter file states for the ego type, against the built model."""
+    ego = model.link.ego
+    for key, have in ((f"model.args.{ego}.in_head", model.fuse.out_channels),
+                      (f"model.args.{ego}.fusion_backbone.inplanes", model.channels),
+                      (f"model.args.{ego}.shrink_header.input_dim", model.fuse.backbone.out_channels),
+                      (f"model.args.{ego}.anchor_number", model.anchor_gen.num_per_loc)):
+        if r.has(key) and not same_value(r.get(key), have):
+            r.refuse(key, f"is {r.get(key)} but the converted model gives {have}")
+    for t in model.encoders:
+        for part in ("adapter", "reverter"):
+            for io in ("in_channels", "out_channels"):
+                key = f"model.args.{t}.{part}.args.{io}"
+                if r.has(key) and not same_value(r.get(key), model.channels):
+                    r.refuse(key, f"is {r.get(key)} but the agents' features are {model.channels} wide")

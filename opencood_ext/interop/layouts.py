@@ -27,6 +27,7 @@ from ..models.lss_reference import ReferenceLSSEncoder
 from ..models.pointpillars import PointPillarEncoder
 from ..models.pyramid_fusion import PyramidFusion
 from ..models.second import SecondEncoder
+from ..methods.stamp import DomainAdapter
 
 # ---------------------------------------------------------------- tensor transforms
 # Each takes (tensor, our module that owns the parameter, direction "ours" | "reference").
@@ -160,6 +161,15 @@ LAYOUTS: Dict[type, Layout] = {
     ConvNeXtAligner: Layout(
         keys=(("channel_align.model.{k}.{m:dwconv|norm|pwconv1|pwconv2}.{p}", "blocks.{k}.{m}.{p}"),
               ("channel_align.model.{k}.gamma", "blocks.{k}.gamma"))),
+    # STAMP's fuse_modules/adapter.py AdapterConvNext (adapter_<m>.adapter, reverter_<m>.reverter): channel_convert1,
+    # ConvNeXt blocks conv.model.<k> (sub_modules/feature_alignnet_modules.py ConvNeXtBlock), channel_convert2;
+    # its 3x3 'smoothing' conv is built and never applied
+    DomainAdapter: Layout(
+        keys=(("channel_convert1.{p}", "reduce.{p}"), ("channel_convert2.{p}", "restore.{p}"),
+              ("conv.model.{k}.dwconv.{p}", "blocks.{k}.depthwise.{p}"),
+              ("conv.model.{k}.norm.{p}", "blocks.{k}.norm.{p}"), ("conv.model.{k}.pwconv1.{p}", "blocks.{k}.expand.{p}"),
+              ("conv.model.{k}.pwconv2.{p}", "blocks.{k}.project.{p}"), ("conv.model.{k}.gamma", "blocks.{k}.gamma")),
+        ignored=("smoothing.",)),
     # heter_model_baseline*.py: cls_head, reg_head, dir_head (1x1 convs on the fused feature)
     AnchorHead: Layout(
         keys=(("cls_head.{p}", "cls.{p}"), ("reg_head.{p}", "reg.{p}"), ("dir_head.{p}", "dir.{p}")),
@@ -177,6 +187,8 @@ SLOTS: Tuple[Tuple[str, str], ...] = (
     ("link.dme.{t}", "message_extractor_{t}"),
     ("link.safg.{t}", "gencomm"),
     ("link.enhancer.{t}", "enhancer"),
+    ("link.adapter.{t}", "adapter_{t}.adapter"),  # STAMP (stamp, stamp_collab links)
+    ("link.reverter.{t}", "reverter_{t}.reverter"),
     ("post_fusion", "shrink_conv"),
     ("fuse", ""),  # the pyramid fusion: pyramid_backbone.* and shrink_conv.* (its layout names both)
     ("head", ""),
@@ -210,6 +222,9 @@ REFERENCE_MODULES: Tuple[Tuple[str, str], ...] = (
     (r"shrink_conv\.", "shared DownsampleConv after fusion"),
     (r"pyramid_backbone\.", "PyramidFusion (model.fusion: pyramid, fusion_op: pyramid)"),
     (r"aligner_m\d+\.", "HEAL's AlignNet (aligner type convnext)"),
+    (r"(adapter|reverter)_m\d+\.", "STAMP's AdapterConvNext (model.link type stamp or stamp_collab)"),
+    (r"(pyramid_backbone|shrink_conv|cls_head|reg_head|dir_head)_m\d+\.",
+     "a STAMP type's own fusion and heads (collab_w_adapter: model.link type stamp_collab)"),
     (r"(compressor|fusion_net)\.", "a module this framework does not have"),
     (r"(cls|reg|dir)_head_single\.", "per-agent auxiliary heads (supervise_single)"),
 )

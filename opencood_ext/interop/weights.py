@@ -194,11 +194,24 @@ def _slot_state(slot: Slot, ours: Mapping[str, Tensor], ref: Mapping[str, Tensor
     return out, used, None
 
 
-def import_reference_state(ref: Mapping[str, Tensor], model: nn.Module, partial: bool = False) -> WeightMapping:
+def import_reference_state(ref: Mapping[str, Tensor], model: nn.Module, partial: bool = False,
+                           viewed: bool = False) -> WeightMapping:
     """Map a reference state_dict onto ``model``'s keys, module by module (all keys of a module or none).
 
     partial=False raises :class:`WeightImportError` unless every key on both sides is accounted for.
+    A link with ``reference_view`` (STAMP's collaboration, whose checkpoint holds a fusion and heads
+    per agent type) first names which keys play the single model's parts; the keys it says this model
+    never reads are dropped and listed with the others (viewed=True: ``ref`` is that view already).
     """
+    view = None if viewed else getattr(getattr(model, "link", None), "reference_view", None)
+    if view is not None:
+        ref, names, unread = view(ref, list(getattr(model, "encoders", {})))
+        result = import_reference_state(ref, model, partial=True, viewed=True)
+        result.unused = [names[k] for k in result.unused]
+        result.dropped = [names[k] for k in result.dropped] + list(unread)
+        if not partial and (result.unmatched or result.unused):
+            raise WeightImportError("the reference weights do not fit this model:\n" + result.summary())
+        return result
     ours = model.state_dict()
     state, matched, unmatched, used, dropped = {}, [], {}, set(), set()
     covered = set()

@@ -6,6 +6,7 @@ GenComm itself lives in the :mod:`gencomm` package and registers the same way.
 from .base import ONBOARDING, OnboardingMethod
 from . import backalign  # noqa: F401  (registers the backalign onboarding method)
 from . import stamp  # noqa: F401  (registers the stamp link and onboarding method)
+from . import stamp_collab  # noqa: F401  (registers STAMP's own collaboration link, stamp_collab)
 from . import mpda  # noqa: F401  (registers the mpda link and onboarding method)
 from . import codefilling  # noqa: F401  (registers the codefilling link and onboarding method)
 

@@ -12,7 +12,10 @@ own occupancy maps against that row's own targets: the sample's ground truth mov
 lie inside the detection range, assigned to the anchors as the detection loss assigns them (HEAL uses
 each agent's own label list, ``label_dict_single``; ours is the frame's, seen from the agent).
 
-Requires ``model.fusion_op: pyramid`` and ``model.link.type: full_feature``.
+Requires ``model.fusion_op: pyramid`` and ``model.link.type: full_feature``, or ``stamp_collab``
+(STAMP's own collaboration, :mod:`opencood_ext.methods.stamp_collab`): its receiver turns each payload
+into its own feature space in the sender's frame (``to_receiver_space``) and says what it fuses of its
+own feature (``own``) before the pyramid runs.
 """
 from __future__ import annotations
 
@@ -39,9 +42,9 @@ class PyramidFusionMethod(IntermediateFusion):
         if not isinstance(model.fuse, PyramidFusion):
             raise ValueError(f"model.fusion 'pyramid' needs model.fusion_op: pyramid (got "
                              f"{type(model.fuse).__name__})")
-        if not isinstance(model.link, FullFeatureLink):
-            raise ValueError(f"model.fusion 'pyramid' fuses the senders' features: it needs model.link.type: "
-                             f"full_feature (got {type(model.link).__name__})")
+        if not isinstance(model.link, FullFeatureLink) and not hasattr(model.link, "to_receiver_space"):
+            raise ValueError(f"model.fusion 'pyramid' fuses the senders' features in their own frames: it needs "
+                             f"model.link.type full_feature or stamp_collab (got {type(model.link).__name__})")
 
     def receive(self, model, batch, feats, arrived) -> ModelOutput:
         self.check(model)
@@ -50,11 +53,16 @@ class PyramidFusionMethod(IntermediateFusion):
         T_own = batch.T_ego_from_agent[batch.ego_index.to(batch.T_ego_from_agent.device)].to(device)  # (B, 4, 4)
         T_msg = arrived.T_ego_from_sender(batch.T_ego_from_world).to(device) if len(arrived) else None
         payload = arrived.stacked().to(device) if len(arrived) else None
+        ego_types = [batch.agent_types[r] for r in ego_rows]
+        if payload is not None and hasattr(model.link, "to_receiver_space"):  # STAMP: reverted, sender frames
+            payload = model.link.to_receiver_space(payload, list(arrived.agent_type),
+                                                   [ego_types[b] for b in arrived.receiver])
+        own = model.link.own(feats[ego_rows], ego_types) if hasattr(model.link, "own") else feats[ego_rows]
         order = sorted(range(len(arrived)), key=lambda k: (arrived.receiver[k], arrived.source_row[k]))
         rows, transforms, counts, sample = [], [], [], []
         for b, r in enumerate(ego_rows):
             mine = [k for k in order if arrived.receiver[k] == b]
-            rows += [feats[r:r + 1]] + [payload[k:k + 1] for k in mine]
+            rows += [own[b:b + 1]] + [payload[k:k + 1] for k in mine]
             transforms += [T_own[b:b + 1]] + [T_msg[k:k + 1] for k in mine]
             counts.append(1 + len(mine))
             sample += [b] * (1 + len(mine))
