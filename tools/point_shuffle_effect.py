@@ -8,7 +8,8 @@ fixture frame (docs/protocol.md, "What stays different under protocol: reference
 2. the maps of the hand-built reference-protocol GenComm stage-1 model of
    tests/test_reference_e2e.py (random weights imported from the reference's layout, diffusion
    noise zero), its frame voxelised with ``data.shuffle_points`` for seeds 1..N against the
-   file's order: max |change| / max |map| of the classification and regression maps.
+   file's order and against the previous seed's shuffle (what the reference's unseeded shuffle
+   does from run to run): max |change| / max |map| of the classification and regression maps.
 
     OMP_NUM_THREADS=1 .venv/bin/python tools/point_shuffle_effect.py [--seeds 5]
 """
@@ -65,13 +66,15 @@ def map_change(seeds: int):
     e2e._load(model, e2e._checkpoint(e2e._shapes(["m1"], True), seed=0))
     with torch.no_grad():
         base = model(batch(False, 0)).head
-        rows = []
+        rows, prev = [], None
         for s in range(1, seeds + 1):
             b = batch(True, s)
             out = model(b).head
             full = int((b.inputs["m1"].num_points == 32).sum())
-            rows.append((s, full, float((out.cls - base.cls).abs().max() / base.cls.abs().max()),
-                         float((out.reg - base.reg).abs().max() / base.reg.abs().max())))
+            change = lambda ref: (float((out.cls - ref.cls).abs().max() / ref.cls.abs().max()),  # noqa: E731
+                                  float((out.reg - ref.reg).abs().max() / ref.reg.abs().max()))
+            rows.append((s, full, *change(base), *(change(prev) if prev is not None else (None, None))))
+            prev = out
     return rows
 
 
@@ -87,9 +90,12 @@ def main(argv=None) -> int:
     print(f"fixture scan, OPV2V range, reference caps: {st['points']} points in {st['voxels']} voxels "
           f"(cap {st['voxel_cap']}); {st['over_32']} voxels hold more than 32 points, "
           f"dropping {st['points_dropped']} points")
-    print("seed  full voxels (3 agents, test crop)  max|d cls|/max|cls|  max|d reg|/max|reg|")
-    for s, full, dcls, dreg in map_change(args.seeds):
-        print(f"{s:>4}  {full:>33}  {dcls:>19.3e}  {dreg:>19.3e}")
+    print("against the file's order, and against the previous seed's shuffle (run to run):")
+    print("seed  full voxels (3 agents, test crop)  max|d cls|/max|cls|  max|d reg|/max|reg|  "
+          "vs previous: cls  reg")
+    fmt = lambda v: f"{'-':>9}" if v is None else f"{v:>9.3e}"  # noqa: E731
+    for s, full, dcls, dreg, pcls, preg in map_change(args.seeds):
+        print(f"{s:>4}  {full:>33}  {dcls:>19.3e}  {dreg:>19.3e}  {fmt(pcls)} {fmt(preg)}")
     return 0
 
 
