@@ -101,29 +101,55 @@ def _iou(ca, cb):
     return i / (_area(pa) + _area(pb) - i)
 
 
+def _corner_to_center(c):
+    """GenComm box_utils.corner_to_center restated for one (8, 3) corner set: centre from corners
+    0, 3, 5, 6; l, w from x-y edge lengths; h from the z spans; yaw the mean of four edge headings."""
+    d = lambda i, j: np.hypot(*(c[i, :2] - c[j, :2]))  # noqa: E731
+    a = lambda i, j: np.arctan2(c[i, 1] - c[j, 1], c[i, 0] - c[j, 0])  # noqa: E731
+    return np.r_[c[[0, 3, 5, 6]].mean(0), (d(0, 3) + d(2, 1) + d(4, 7) + d(5, 6)) / 4,
+                 (d(0, 1) + d(2, 3) + d(4, 5) + d(6, 7)) / 4, abs((c[4:, 2] - c[:4, 2]).mean()),
+                 (a(1, 2) + a(0, 3) + a(5, 6) + a(4, 7)) / 4]
+
+
 def _reference_gt(T_ego, T_inf):
-    """GenComm: each side's labels as corners projected to the ego, 8 corners inside the range with z
-    widened by 1 m, vehicle classes; then the ego's boxes plus the infrastructure's that overlap none."""
+    """GenComm: each side's labels as corners projected to the ego and fitted back to a box, kept when
+    the box's 8 corners lie inside the range with z widened by 1 m, vehicle classes; then the ego's
+    boxes plus the infrastructure's that overlap none by more than 0.05. -> list of (side, k, box)."""
     lo, hi = np.array(RANGE[:3]) - [0, 0, 1], np.array(RANGE[3:]) + [0, 0, 1]
     sides = []
     for labels, T_side in ((VEHICLE, T_ego), (INFRA, T_inf)):
         T_ego_side = invert_transform(T_ego) @ T_side
         kept = []
-        for t, b in labels:
+        for k, (t, b) in enumerate(labels):
             e = _side_entry(t, b, T_side)
-            box = [*(float(e["3d_location"][k]) for k in "xyz"), b[3], b[4], b[5], e["rotation"]]
+            box = [*(float(e["3d_location"][a]) for a in "xyz"), b[3], b[4], b[5], e["rotation"]]
             if min(box[3:6]) == 0 or t not in ("Car", "Van", "Truck", "Bus"):
                 continue
-            c = _corners(box) @ T_ego_side[:3, :3].T + T_ego_side[:3, 3]
+            fit = _corner_to_center(_corners(box) @ T_ego_side[:3, :3].T + T_ego_side[:3, 3])
+            c = _corners(fit)
             if ((c >= lo) & (c <= hi)).all():
-                kept.append(c)
+                kept.append((k, fit))
         sides.append(kept)
     ego, inf = sides
-    return ego + [c for c in inf if all(_iou(c, e) <= 0.05 for e in ego)]
+    return ([(0, k, b) for k, b in ego] +
+            [(1, k, b) for k, b in inf if all(_iou(_corners(b), _corners(e)) <= 0.05 for _, e in ego)])
 
 
-def test_reference_ground_truth_merges_the_sides(tmp_path):
+def _tilt(root, deg):
+    """Tilt the infrastructure's virtual LiDAR by ``deg`` about its x axis (its calibration file)."""
+    if not deg:
+        return
+    path = root / "infrastructure-side/calib/virtuallidar_to_world/001000.json"
+    d = json.loads(path.read_text())
+    c, s = np.cos(np.radians(deg)), np.sin(np.radians(deg))
+    d["rotation"] = (np.asarray(d["rotation"]) @ np.array([[1, 0, 0], [0, c, -s], [0, s, c]])).tolist()
+    path.write_text(json.dumps(d))
+
+
+@pytest.mark.parametrize("tilt", [0.0, 2.0])
+def test_reference_ground_truth_merges_the_sides(tmp_path, tilt):
     root = make_dair(tmp_path)
+    _tilt(root, tilt)
     T_veh, T_inf = _write_sides(root)
     frame = DairV2XReader(root, labels="sides")[0]
     assert frame.side_labels
@@ -131,10 +157,14 @@ def test_reference_ground_truth_merges_the_sides(tmp_path):
     sample = CooperativeDataset([frame], cfg, {"m1": (0.4, 0.4, 5.0)}, train=False, protocol="reference")[0]
     assert sample.ego_id == 0
     expected = _reference_gt(T_veh, T_inf)
-    assert len(expected) == 5  # A, the van, the high car; the truck, the barely touching car
+    assert sample.gt_ids.tolist() == [k + side * INFRA_LABEL_ID0 for side, k, _ in expected]
+    np.testing.assert_allclose(sample.gt_boxes, np.stack([b for _, _, b in expected]), atol=1e-4)
+    if tilt:  # the fit measures lengths in x-y: a tilted box is shorter than its labelled size
+        truck = sample.gt_boxes[sample.gt_ids.tolist().index(INFRA_LABEL_ID0 + 1)]
+        assert truck[3] < INFRA[1][1][3] - 1e-4 or truck[4] < INFRA[1][1][4] - 1e-4
+        return
+    # A, the van, the high car; the truck, the barely touching car
     assert sample.gt_ids.tolist() == [0, 1, 2, INFRA_LABEL_ID0 + 1, INFRA_LABEL_ID0 + 2]
-    got = np.stack([_corners(b) for b in sample.gt_boxes.astype(np.float64)])
-    np.testing.assert_allclose(got, np.stack(expected), atol=1e-4)
     # the two borderline infrastructure boxes sit on either side of the 0.05 threshold
     a = _corners(sample.gt_boxes[0].astype(np.float64))
     inf_local = invert_transform(T_veh) @ T_inf

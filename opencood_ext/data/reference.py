@@ -10,12 +10,14 @@
   uses up a place.
 * Each LiDAR agent drops its own vehicle's returns: points with x in [-1.95, 2.95] and y in
   [-1.1, 1.1] m in its own sensor frame (z not checked; applied to roadside units too).
-* Per-agent labels (DAIR-V2X, a Frame with ``side_labels``): each selected agent's own boxes in the
-  ego frame, kept when all 8 corners lie inside the range with z widened by 1 m on each side; the
-  ego's all, each other agent's box only when its bird's-eye-view IoU with every ego box is at most
-  0.05 (GenComm ``intermediate_heter_fusion_dataset.py`` ``__getitem__``, ``dairv2x`` branch;
-  ``box_utils.py`` ``load_single_objects_dairv2x_hetero``). The reference's evaluation then checks
-  x and y only (``generate_gt_bbx_by_iou``), which these boxes already pass.
+* Per-agent labels (DAIR-V2X, a Frame with ``side_labels``): each selected agent's own boxes, their
+  corners taken to the ego frame and fitted back to a box by the reference's ``corner_to_center``
+  (:func:`reference_corner_fit`), kept when all 8 corners of that box lie inside the range with z
+  widened by 1 m on each side; the ego's all, each other agent's box only when its bird's-eye-view
+  IoU with every ego box is at most 0.05 (GenComm ``intermediate_heter_fusion_dataset.py``
+  ``__getitem__``, ``dairv2x`` branch; ``box_utils.py`` ``load_single_objects_dairv2x_hetero``). The
+  reference's evaluation then checks x and y only (``generate_gt_bbx_by_iou``), which these boxes
+  already pass.
 """
 from __future__ import annotations
 
@@ -23,9 +25,9 @@ from typing import Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from ..geometry import bev_iou
+from ..geometry import bev_iou, boxes_inside_range, invert_transform, object_corners_world
 from .frame import AgentObs, Frame
-from .ground_truth import GroundTruth, frame_ground_truth
+from .ground_truth import GroundTruth
 
 # (xmin, xmax, ymin, ymax) metres, bounds inclusive: the reference's own-vehicle box
 OWN_VEHICLE_BOX = (-1.95, 2.95, -1.1, 1.1)
@@ -71,6 +73,43 @@ def remove_own_points(points: np.ndarray) -> np.ndarray:
     return p[~own]
 
 
+def reference_corner_fit(corners: np.ndarray) -> np.ndarray:
+    """(N, 8, 3) corners (bottom face (+l, +w) (+l, -w) (-l, -w) (-l, +w), then the top face) -> (N, 7)
+    ``[x, y, z, l, w, h, yaw]`` as the reference's ``box_utils.corner_to_center``: the centre the mean
+    of corners 0, 3, 5, 6; l and w the means of four edges' lengths in x-y (a tilted box comes out
+    shorter than its 3-D edges); h the mean z span; yaw the plain mean of four edges' ``atan2``
+    (so four headings split across +-pi average to another angle, as there)."""
+    c = np.asarray(corners, dtype=np.float64).reshape(-1, 8, 3)
+
+    def span(i, j):
+        return np.linalg.norm(c[:, i, :2] - c[:, j, :2], axis=1)
+
+    def heading(i, j):
+        return np.arctan2(c[:, i, 1] - c[:, j, 1], c[:, i, 0] - c[:, j, 0])
+
+    centre = c[:, [0, 3, 5, 6]].mean(axis=1)
+    length = (span(0, 3) + span(2, 1) + span(4, 7) + span(5, 6)) / 4
+    width = (span(0, 1) + span(2, 3) + span(4, 5) + span(6, 7)) / 4
+    height = np.abs((c[:, 4:, 2] - c[:, :4, 2]).mean(axis=1))
+    yaw = (heading(1, 2) + heading(0, 3) + heading(5, 6) + heading(4, 7)) / 4
+    return np.concatenate([centre, np.stack([length, width, height, yaw], axis=1)], axis=1)
+
+
+def _agent_boxes(frame: Frame, agent_id: int, T_sensor_from_world: np.ndarray, lidar_range: np.ndarray,
+                 classes: Optional[set]) -> GroundTruth:
+    """One agent's own labels in the sensor frame by the reference's corner fit, range-filtered."""
+    ids = [i for i in frame.agent(int(agent_id)).visible_ids
+           if i in frame.objects and (classes is None or frame.objects[i].obj_type in classes)]
+    if not ids:
+        return GroundTruth()
+    objs = [frame.objects[i] for i in ids]
+    corners = np.stack([object_corners_world(o.location, o.center, o.angle, o.extent) for o in objs])
+    boxes = reference_corner_fit(corners @ T_sensor_from_world[:3, :3].T + T_sensor_from_world[:3, 3])
+    keep = boxes_inside_range(boxes, lidar_range)
+    return GroundTruth(boxes=boxes[keep].astype(np.float32), ids=np.asarray(ids, np.int64)[keep],
+                       types=[o.obj_type for o, k in zip(objs, keep) if k])
+
+
 def side_label_ground_truth(frame: Frame, agent_ids: Sequence[int], T_world_from_sensor,
                             lidar_range: Sequence[float], classes: Optional[Iterable[str]] = None) -> GroundTruth:
     """Ground truth from per-agent labels (module docstring): ``agent_ids`` ego first, boxes in the
@@ -78,7 +117,9 @@ def side_label_ground_truth(frame: Frame, agent_ids: Sequence[int], T_world_from
     r = np.asarray(lidar_range, dtype=np.float64).copy()
     r[2] -= SIDE_LABEL_Z_MARGIN
     r[5] += SIDE_LABEL_Z_MARGIN
-    per_agent = [frame_ground_truth(frame, T_world_from_sensor, r, classes, visible_to=[aid]) for aid in agent_ids]
+    T = invert_transform(np.asarray(T_world_from_sensor, dtype=np.float64))
+    keep_classes = None if classes is None else set(classes)
+    per_agent = [_agent_boxes(frame, aid, T, r, keep_classes) for aid in agent_ids]
     if not per_agent:
         return GroundTruth()
     ego, parts = per_agent[0], [per_agent[0]]
