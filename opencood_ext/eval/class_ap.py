@@ -4,8 +4,9 @@ it against the ground truth of that class only (a box of another class is neithe
 counted), AP@0.3/0.5/0.7 in both accumulation orders (``eval_utils.eval_final_results_v2xreal``
 is called with ``global_sort_detections`` True and False), and mAP, the mean of the classes' APs.
 
-A class without ground-truth boxes has no AP (None here; the reference divides by zero); mAP
-averages the classes that have one and says how many (``classes_in_map``).
+A class without ground-truth boxes has no AP here (None) and mAP averages the classes that have
+one, naming them (``classes_in_map``); the reference's ``calculate_ap`` gives such a class AP 0 when
+it has no detections either (counted in its mean) and stops on a division by zero when it has some.
 """
 from __future__ import annotations
 
