@@ -45,8 +45,9 @@ REFUSED = [
      "key 'fusion.dataset'"),
     # SECOND's spconv input width 64 (HEAL issue 20: MeanVFE gives 4 features)
     (r"^STAMP/.*/m2/config\.yaml$", "spconv.num_features_in'"),
-    # the GenComm reference's STAMP inference: every type adapts to a protocol space no agent encodes
-    (r"STAMP/m1.*_infer\.yaml$", "key 'model.core_method'"),
+    # the GenComm reference's STAMP inference (stamp_collab, ego_of_any_type) on DAIR-V2X drops 20% of the
+    # collaborators' cells at random in evaluation (missing_message: True)
+    (r"/dairv2x/.*/STAMP/m1m3_(att|v2xvit)_infer\.yaml$", "key 'model.args.missing_message'"),
     # fusion modules that are not fusion ops here (V2X-ViT's, CoBEVT, DiscoNet, V2VNet, Where2comm)
     (r"(v2xvit|cobevt|disco|v2vnet|where2comm)", "fusion_method'"),
     # V2X-Sim 2: no reader for its files here
@@ -56,7 +57,8 @@ REFUSED = [
     # map and anchors disagree, and m4's feature cannot be fused with the others'
     (r"/v2xreal/GenComm_yamls/(baseline/stage1/m4|gencomm/stage1/m4)_",
      "key 'postprocess.anchor_args.feature_stride'"),
-    (r"/v2xreal/GenComm_yamls/(gencomm/stage2/m1m4|gencomm/stage2/m1m2m3m4|baseline/stage2/STAMP/m0m4)",
+    (r"/v2xreal/GenComm_yamls/(gencomm/stage2/m1m4|gencomm/stage2/m1m2m3m4|baseline/stage2/STAMP/m0m4|"
+     r"baseline/stage2/STAMP/m1m2m3m4)",
      "type m4 ends on BEV grid"),
     # SECOND on DAIR-V2X's 5 m z range: the reference's sparse grid has one more z layer and its conv4
     # does not pad z (2 layers of 64 = 128 channels); a SECOND encoder without that layout gives 3 layers
@@ -124,7 +126,8 @@ SAMPLE = [
     "GenComm/opencood/hypes_yaml/dairv2x/GenComm_yamls/baselines/stage2/STAMP/m1m3_att_infer.yaml",
     "STAMP/opencood/hypes_yaml/opv2v/task_agnostic/local_adapter/convnext/m1/config.yaml",
     "STAMP/opencood/hypes_yaml/opv2v/object_detection/local_adapter/convnext/m4/config.yaml",
-    "STAMP/opencood/hypes_yaml/v2v4real/MoreModality/OURS_4Agents_Heter_Simple/final_infer/convnext_crop/m4/config.yaml",
+    "STAMP/opencood/hypes_yaml/v2v4real/MoreModality/OURS_4Agents_Heter_Simple/final_infer/convnext_crop/m4/"
+    "config.yaml",
 ]
 
 

@@ -29,12 +29,15 @@ from opencood_ext.interop.weights import import_reference_state
 from opencood_ext.models.detector import CooperativeDetector
 from reference_keys import bn, pillar_vfe
 from test_pyramid_fusion import FUSION, _bn_eval, _heal_levels, _heal_weighted_fuse, heal_state
+import test_reference_e2e as e2e
 from test_reference_e2e import RANGE, VOXEL, _batch, _checkpoint
 
 torch.set_num_threads(1)
 STAMP = Path(__file__).parent / "assets" / "hypes" / "STAMP" / "opencood" / "hypes_yaml"
 ADAPTER_STAGE = STAMP / "opv2v/object_detection/local_adapter/convnext/m4/config.yaml"
 INFER = STAMP / "v2v4real/MoreModality/OURS_4Agents_Heter_Simple/final_infer/convnext_crop/m4/config.yaml"
+GENCOMM_INFER = (STAMP.parents[2] / "GenComm/opencood/hypes_yaml/dairv2x/GenComm_yamls/baselines/stage2/STAMP"
+                 / "m1m3_att_infer.yaml")
 C = 8  # the agents' feature width (test_pyramid_fusion's heal_state is built for it)
 HEAD_IN = 16  # FUSION's shrink width
 HIDDEN, BLOCKS, KERNEL = 16, 2, 7
@@ -98,9 +101,9 @@ def _model(types, ego, cycle=False):
                                fusion_args=FUSION, link=link, protocol="reference").eval()
 
 
-def _adapter_shapes(p):
-    """AdapterConvNext below ``p``: channel_convert1, ConvNeXt blocks conv.model.<k>, channel_convert2, and
-    the 3x3 smoothing conv it builds and never applies."""
+def _adapter_shapes(p, C=C):
+    """AdapterConvNext below ``p`` on ``C`` channels: channel_convert1, ConvNeXt blocks conv.model.<k>,
+    channel_convert2, and the 3x3 smoothing conv it builds and never applies."""
     shapes = {f"{p}.channel_convert1.weight": (HIDDEN, C, 1, 1), f"{p}.channel_convert1.bias": (HIDDEN,),
               f"{p}.channel_convert2.weight": (C, HIDDEN, 1, 1), f"{p}.channel_convert2.bias": (C,),
               f"{p}.smoothing.weight": (C, C, 3, 3), f"{p}.smoothing.bias": (C,)}
@@ -254,3 +257,73 @@ def test_an_ego_of_another_type_is_refused_in_one_line():
     batch = _batch(types, "cycle:m4,m2")
     with pytest.raises(ValueError, match=r"holds type m2's fusion and heads \(model.link.ego\); an ego of type m4"):
         model(batch)
+
+
+# ---------------------------------------------------------------- the GenComm reference's STAMP inference
+def _gencomm_infer_state(types, ego, seed):
+    """heter_model_baseline_w_stamp_infer's keys: per type encoder, BaseBEVBackbone, shrinker, adapter and
+    reverter (every type builds both); ONE head set, named after its ego_modality."""
+    shapes = e2e._shapes(types, False)
+    for t in types:
+        shapes.update({**_adapter_shapes(f"adapter_{t}.adapter", e2e.C), **_adapter_shapes(f"reverter_{t}.reverter",
+                                                                                              e2e.C)})
+    sd = _checkpoint(shapes, seed)
+    return {(f"{k.split('.')[0]}_{ego}.{k.split('.', 1)[1]}" if k.startswith(("cls_head.", "reg_head.", "dir_head."))
+             else k): v for k, v in sd.items()}
+
+
+def _gencomm_infer_forward(sd, batch, ego):
+    """Its forward: each type's stack; every agent of another type than ego_modality (whichever agent is
+    the ego) through its adapter and ego_modality's reverter; warp, AttFusion, the heads."""
+    by_type = {}
+    for t, inp in batch.inputs.items():
+        x = ref.scatter(ref.pillar_vfe(sd, f"encoder_{t}", inp.voxels, inp.num_points, inp.coords, VOXEL, RANGE),
+                        inp.coords, inp.num_agents, *(round((RANGE[3 + i] - RANGE[i]) / VOXEL[i]) for i in (0, 1)))
+        nums, strides, _, ups, _ = e2e.BACKBONES[t]
+        by_type[t] = ref.downsample_conv(sd, f"shrinker_{t}", ref.base_bev(sd, f"backbone_{t}", x, nums, strides, ups),
+                                         [2], [1])
+    rows = []
+    for a, t in enumerate(batch.agent_types):
+        f = by_type[t][int((batch.type_index[t] == a).nonzero()[0, 0])][None]
+        if t != ego:
+            f = _adapter(sd, f"reverter_{ego}.reverter", _adapter(sd, f"adapter_{t}.adapter", f))
+        rows.append(f)
+    fused = ref.att_fusion(ref.warp_to_ego(torch.cat(rows), batch.T_world_from_agent.float(), RANGE))[None]
+    return tuple(F.conv2d(fused, sd[f"{h}_head_{ego}.weight"], sd[f"{h}_head_{ego}.bias"])
+                 for h in ("cls", "reg", "dir"))
+
+
+@pytest.mark.parametrize("modality", ["cycle:m1,m3", "cycle:m3,m1"], ids=["ego_m1", "ego_m3"])
+def test_gencomm_reference_stamp_inference_is_its_forward(modality):
+    """heter_model_baseline_w_stamp_infer (ego_modality m1, m3 adapted): its one fusion and head serve an
+    ego of either type; an m3 ego's own feature goes through m3's adapter and m1's reverter too."""
+    types = ["m1", "m3"]
+    sd = _gencomm_infer_state(types, "m1", seed=3)
+    link = {"type": "stamp_collab", "ego": "m1", "hidden_channels": HIDDEN, "blocks": BLOCKS, "kernel_size": KERNEL,
+            "ego_of_any_type": True}
+    model = e2e._model(types, link)
+    mapping = _import(model, sd)
+    assert set(mapping.dropped) == {k for k in sd if k.startswith(("adapter_m1.", "reverter_m3."))
+                                    or ".smoothing." in k}
+    batch = _batch(types, modality)
+    assert batch.agent_types[0] == modality[6:8] and batch.ego_index.tolist() == [0]
+    with torch.no_grad():
+        ours = model(batch).head
+        want = _gencomm_infer_forward(sd, batch, "m1")
+    hwl = torch.tensor([a * 7 + j for a in range(ours.reg.shape[1] // 7) for j in (0, 1, 2, 5, 4, 3, 6)])
+    for a, b in ((ours.cls, want[0]), (ours.reg, want[1][:, hwl]), (ours.dir, want[2])):
+        assert a.shape == b.shape and float(b.abs().max()) > 1e-2
+        assert float((a - b).abs().max() / b.abs().max()) < 1e-4
+
+
+def test_gencomm_reference_stamp_inference_yaml_converts_without_missing_message(tmp_path):
+    """The GenComm reference's DAIR-V2X m1m3_att_infer.yaml is refused for missing_message: True (random
+    dropping of collaborators' cells at evaluation); without it, it builds m1's model serving any ego."""
+    path = GENCOMM_INFER
+    with pytest.raises(HypesError, match="key 'model.args.missing_message'"):
+        convert_hypes_file(path)
+    (tmp_path / "infer.yaml").write_text(path.read_text().replace("missing_message: True", "missing_message: False"))
+    conv = convert_hypes_file(tmp_path / "infer.yaml")
+    assert conv.config["model"]["link"] == {"type": "stamp_collab", "ego": "m1", "hidden_channels": 64, "blocks": 3,
+                                            "kernel_size": 7, "ego_of_any_type": True}
+    assert (conv.config["model"]["fusion_op"], conv.config["data"]["modality"]) == ("att", "cycle:m1,m3")

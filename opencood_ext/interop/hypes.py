@@ -26,7 +26,7 @@ from .hypes_detect import V2XREAL_CLASS_GROUPS
 from .hypes_keys import DATASETS, MODELS, OPTIMIZERS, SCHEDULERS
 from .hypes_model import check_model, model_section, modality_names
 from .hypes_reader import HypesError, HypesReader, read_yaml, warning_line
-from .hypes_stamp import collab_ego, stamp_stage
+from .hypes_stamp import STAMP_COLLAB_MODELS, collab_ego, stamp_stage
 
 
 @dataclass
@@ -172,8 +172,7 @@ def _data_section(r: HypesReader, types: List[str], source: Path, remap_to: Opti
         data["reader_options"] = {"mode": r.get("dataset_mode"), "intensity": "raw"}
         data["class_groups"] = V2XREAL_CLASS_GROUPS
     # STAMP's own collaboration: the ego type first (its model is the converted one), set by convert_hypes
-    collab = MODELS.get(r.get("model.core_method", None)) == "stamp_collab" and \
-        r.get("model.args.stage", "infer") == "infer"
+    collab = r.get("model.core_method", None) in STAMP_COLLAB_MODELS and r.get("model.args.stage", "infer") == "infer"
     modality = None if collab else _modality(r, types, fmt, source, remap_to, files)
     if modality is not None:
         data["modality"] = modality
@@ -264,7 +263,7 @@ def convert_hypes(data: dict, source: Path, remap_to: Optional[Path] = None, che
     if r.get("model.core_method", None) == "heter_model_baseline_w_gencomm_stage2":
         ego = str(r.get("heter.ego_modality", ""))
         config["stage"] = {"new_types": [t for t in types if t not in ego.split("&")]}
-    if MODELS.get(r.get("model.core_method", None)) == "stamp_collab" and r.get("model.args.stage", "infer") == "infer":
+    if r.get("model.core_method", None) in STAMP_COLLAB_MODELS and r.get("model.args.stage", "infer") == "infer":
         ego = collab_ego(r, types)
         config["data"]["modality"] = "cycle:" + ",".join([ego, *[t for t in types if t != ego]])
         r.approximations.append(("heter.mapping_dict", f"data.modality {config['data']['modality']}: the ego is "

@@ -33,16 +33,12 @@ MODELS: Dict[str, str] = {  # reference model -> our intermediate-fusion link
     "heter_model_baseline_w_gencomm_stage2": "gencomm",
     "heter_model_baseline_w_stamp": "stamp",  # STAMP's adapter stage: the GenComm reference's m0<m> files
     "collab_w_adapter": "stamp_collab",  # STAMP's own repository: the ego type's model (hypes_stamp.py)
+    "heter_model_baseline_w_stamp_infer": "stamp_collab",  # the GenComm reference's STAMP inference
 }
 # reference models whose structure has no counterpart here: why, in one line
-_STAMP_REPO = ("STAMP's own repository: every type is a whole Pyramid Fusion model (its own fusion backbone, "
-               "fusion and heads) with adapters between those models; this project's STAMP link sits between "
-               "encoder stacks and ONE shared fusion and head (opencood_ext/methods/stamp.py)")
+_STAMP_REPO = ("STAMP's every-agent inference variant (each agent fuses with its own type's model and gets its "
+               "own output); the ego's output is collab_w_adapter's, which converts: use that model name")
 REFUSED_MODELS: Dict[str, str] = {
-    "heter_model_baseline_w_stamp_infer": (
-        "every type, the ego's included, goes through an adapter to a protocol space (heter.protocol_modality) "
-        "that no agent here encodes; this project's STAMP link takes one agent type's space as the protocol "
-        "(the identity for it): convert the adapter-stage m0<m>_*.yaml files instead"),
     "collab_w_adapter_inference": _STAMP_REPO,
 }
 FUSION_OPS: Dict[str, str] = {"att": "att", "max": "max"}

@@ -15,7 +15,7 @@ from .hypes_detect import anchors, fusion_op, loss_weights
 from .hypes_keys import ENCODERS, MODELS, REFUSED_MODELS, SENSORS
 from .hypes_pyramid import PYRAMID_MODELS, check_pyramid, pyramid_fusion, pyramid_stack
 from .hypes_reader import HypesReader, same_value
-from .hypes_stamp import STAMP_COLLAB_MODELS, check_collab, stamp_collab, stamp_link
+from .hypes_stamp import STAMP_COLLAB_MODELS, check_collab, stamp_collab, stamp_infer_link, stamp_link
 
 # the reference LSS's camera_encoder -> our image trunk (opencood_ext/models/image_trunks.py)
 CAMERA_TRUNKS = {"EfficientNet": "efficientnet_b0", "Resnet101": "resnet101"}
@@ -145,6 +145,8 @@ def _link(r: HypesReader, kind: str, types: List[str]) -> dict:
         return {"type": "full_feature", "wire_dtype": "float32"}
     if kind == "stamp":
         return stamp_link(r, types)
+    if kind == "stamp_collab":  # heter_model_baseline_w_stamp_infer (collab_w_adapter's is stamp_collab())
+        return stamp_infer_link(r, types)
     unet = "model.args.gencomm.model"
     mult = list(r.get(f"{unet}.ch_mult", [1, 1]))
     attn = r.get(f"{unet}.attn_resolutions", [])

@@ -11,6 +11,11 @@ for it), and the new type's AdapterConvNeXt is our DomainAdapter of the same str
 ``in_feature_shape`` must equal ``out_feature_shape`` and the grid). The three
 alignment weights are ``loss_adapter``'s alphas. What differs is printed with the
 conversion: the agents' types and the detection loss (opencood_ext/methods/stamp.py).
+
+STAMP's own repository (``collab_w_adapter``, :func:`stamp_collab`) and the GenComm reference's
+STAMP inference (``heter_model_baseline_w_stamp_infer``, :func:`stamp_infer_link`) become the
+``stamp_collab`` link (opencood_ext/methods/stamp_collab.py): the model of one type E, whose
+agents' features are fused as they are and every other type's through its adapter and E's reverter.
 """
 from __future__ import annotations
 
@@ -165,3 +170,23 @@ def check_collab(r: HypesReader, model) -> None:
                 key = f"model.args.{t}.{part}.args.{io}"
                 if r.has(key) and not same_value(r.get(key), model.channels):
                     r.refuse(key, f"is {r.get(key)} but the agents' features are {model.channels} wide")
+
+
+def stamp_infer_link(r: HypesReader, types: List[str]) -> dict:
+    """``model.link`` of the GenComm reference's ``heter_model_baseline_w_stamp_infer``: one fusion and head
+    (type E's, ``ego_modality``) for every sample; every agent of another type t, the ego included, is
+    fused as ``reverter_E(adapter_t(f))``, an E agent's feature as it is (``stamp_collab``,
+    ``ego_of_any_type``)."""
+    ego = collab_ego(r, types)
+    needed = [(t, "adapter") for t in types if t != ego] + ([(ego, "reverter")] if len(types) > 1 else [])
+    sizes = []
+    for t, part in needed:
+        if not r.children(f"model.args.{t}.{part}"):
+            r.refuse(f"model.args.{t}.{part}", f"type {t} needs its {part} (the model's type is {ego})")
+            continue
+        sizes.append(_size(r, t))
+    if any(s != sizes[0] for s in sizes[1:]):
+        r.refuse(f"model.args.{ego}.reverter.args.submodule_args", f"adapter / reverter sizes differ ({sizes}); "
+                 f"ours share one size")
+    return {"type": "stamp_collab", "ego": ego, **(sizes[0] if sizes else {}), "kernel_size": 7,
+            "ego_of_any_type": True}

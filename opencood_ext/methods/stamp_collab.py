@@ -23,6 +23,10 @@ As messages: a sender of type ``E`` sends its feature, any other sender its prot
 reverter to protocol messages in the sender's frame (:meth:`to_receiver_space`), and the
 ``pyramid`` fusion method warps and fuses (:mod:`opencood_ext.models.pyramid_method`).
 
+``ego_of_any_type`` (the GenComm reference's ``heter_model_baseline_w_stamp_infer``: ONE fusion and
+head, type ``E``'s, serve every sample): an ego of another type ``t`` is not refused; its own
+feature is fused as ``reverter_E(adapter_t(f))``, like any non-``E`` agent's.
+
 ``cycle_own`` (STAMP's adapter-training stages with outputs: every agent is of type ``E`` there,
 the protocol type's stack feeds only the alignment loss, and the ``E`` output fuses every agent's
 ``reverter_E(adapter_E(f))``, the ego's too) holds ``E``'s adapter only, sends every feature through
@@ -50,13 +54,14 @@ class StampCollabLink(nn.Module):
     channels, agent_types, lidar_range: derived. ego: the agent type whose fusion and heads the model
     holds (STAMP's ``ego_modality``). hidden_channels / blocks / kernel_size: every adapter's and
     reverter's size (STAMP's submodule_args dim / num_of_blocks / kernel_size). cycle_own: the
-    adapter-training stages' computation (module docstring). wire_dtype: payload dtype on the wire.
+    adapter-training stages' computation (module docstring). ego_of_any_type: one model for egos of every
+    type (module docstring). wire_dtype: payload dtype on the wire.
     """
 
     kind = "bev"
 
     def __init__(self, channels: int, agent_types: List[str], lidar_range, ego: str, hidden_channels: int = 64,
-                 blocks: int = 3, kernel_size: int = 7, cycle_own: bool = False,
+                 blocks: int = 3, kernel_size: int = 7, cycle_own: bool = False, ego_of_any_type: bool = False,
                  wire_dtype: Literal["float32", "float16", "int8"] = "float32"):
         super().__init__()
         if ego not in agent_types:
@@ -64,6 +69,10 @@ class StampCollabLink(nn.Module):
         self.lidar_range = list(lidar_range)
         self.ego = ego
         self.cycle_own = bool(cycle_own)
+        self.ego_of_any_type = bool(ego_of_any_type)
+        if self.cycle_own and self.ego_of_any_type:
+            raise ValueError("model.link: cycle_own and ego_of_any_type are two different reference models; "
+                             "set one")
         size = dict(hidden_channels=hidden_channels, blocks=blocks, kernel_size=kernel_size)
         # the adapter stages' agents are all of the ego type (the protocol type's stack feeds only their loss)
         senders = [ego] if self.cycle_own else [t for t in agent_types if t != ego]
@@ -90,7 +99,7 @@ class StampCollabLink(nn.Module):
         return out
 
     def _check_receivers(self, receiver_types: List[str]) -> None:
-        wrong = sorted(set(receiver_types) - {self.ego})
+        wrong = [] if self.ego_of_any_type else sorted(set(receiver_types) - {self.ego})
         if wrong:
             raise ValueError(f"this STAMP collaboration model holds type {self.ego}'s fusion and heads "
                              f"(model.link.ego); an ego of type {wrong[0]} runs its own in the reference: "
@@ -115,9 +124,14 @@ class StampCollabLink(nn.Module):
         """What the ego fuses of its own (n, C, H, W) feature: itself, or with ``cycle_own`` its
         round trip through the protocol space."""
         self._check_receivers(agent_types)
-        if not self.cycle_own:
+        if self.cycle_own:
+            return self.reverter[self.ego](self.adapter[self.ego](features))
+        rows = [i for i, t in enumerate(agent_types) if t != self.ego]  # ego_of_any_type: another type's ego
+        if not rows:
             return features
-        return self.reverter[self.ego](self.adapter[self.ego](features))
+        idx = torch.as_tensor(rows, device=features.device)
+        adapted = self.send(features[idx], [agent_types[i] for i in rows])
+        return features.index_copy(0, idx, self.reverter[self.ego](adapted))
 
     def losses(self, received: Tensor, sender_features: Tensor, arrival: Arrival) -> Dict[str, Tensor]:
         return {}
