@@ -15,8 +15,8 @@ import (the same tensors on both sides): the classification head's bias is lower
 pass it (the reference's top-1000 cut before NMS bites too), and the regression head's weights are
 scaled by 0.1 (``REG_SCALE``) so that decoded boxes stay near their anchors (car-sized, inside the
 6 m and z filters) and some match the ground truth: a few hundred boxes survive NMS and the AP
-compared is not 0 at IoU 0.3 (SECOND's 3.2 m head grid over a larger crop: 256 anchors, a few
-dozen boxes, AP not 0 at IoU 0.1).
+compared is not 0 at IoU 0.3 (SECOND's 3.2 m head grid over a larger crop: 256 anchors, 98
+boxes, AP not 0 at IoU 0.1).
 """
 import numpy as np
 import pytest
