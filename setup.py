@@ -70,6 +70,7 @@ CONSOLE_SCRIPTS = [
     "gencomm-inspect-data = gencomm.cli:inspect_data",
     "gencomm-reproduce = experiments.reproduce:main",
     "gencomm-seed-report = experiments.seeds:main",
+    "gencomm-fair-benchmark = experiments.fair:main",
     "gencomm-bench = experiments.bench.cli:main",
 ]
 

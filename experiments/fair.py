@@ -1,0 +1,359 @@
+"""The fair benchmark (issue 31): the main table and the heterogeneous benchmark over training seeds,
+per protocol, combined from seed archives (:mod:`experiments.seeds`, version 2) into one folder::
+
+    python tools/fair_benchmark.py RESULTS/seeds/seed0 RESULTS/seeds/seed1 ... -o archive/fair_benchmark
+
+writes ``<dest>/<protocol>/seed<s>/`` (copies of the archives), ``<dest>/results.json`` and
+``<dest>/REPORT.md``. ``results.json`` holds every row of every seed and protocol, each with
+``protocol``, ``training_seed``, ``optimizer_steps``, ``trainable_params``, ``train_wall_s`` and
+``eval`` (``ap``, ``ap_ci``, ``bytes_per_message``; a benchmark row's is its full alliance's, and its
+``alliances`` give every growing alliance), plus ``checks``: the issue's two acceptance comparisons
+(full-feature intermediate against no fusion; every competitor's {m1} against no fusion's), each
+pooled over seeds with its interval and per seed.
+
+Statistics: the mean and sample standard deviation of AP over seeds (the run-to-run spread), and
+paired differences against GenComm (or the check's reference) on the same test frames: per seed and
+pooled over seeds with the 95 % scene-bootstrap interval (:func:`~opencood_ext.eval.bootstrap.
+pooled_paired_difference`: it covers the test scenes, not the seeds). A difference is called
+significant only when every seed's own interval excludes 0 with the same sign.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap, paired_difference, pooled_paired_difference
+
+from .results import ArchivedEval
+from .seeds import SeedArchive, load_archive, load_archives, seed_section
+
+SHOWN = ("0.5", "0.7")
+REFERENCE = "GenComm"
+NO_FUSION = "No fusion"
+FULL_FEATURE = "Intermediate (full feature)"
+# the rows that are no onboarding method: what the competitors' {m1} is held against
+NOT_ONBOARDING = (NO_FUSION, "Late fusion")
+
+
+@dataclass
+class Group:
+    """The seed archives of one protocol (same profile, data seed and test frames)."""
+
+    protocol: str
+    archives: List[SeedArchive]
+
+    @property
+    def seeds(self) -> List[int]:
+        return [a.seed for a in self.archives]
+
+
+def protocol_of(archive: SeedArchive) -> str:
+    """The one protocol every row of ``archive`` states; ValueError naming the file otherwise."""
+    found = {r.protocol for r in [*archive.rows, *archive.benchmark]}
+    if None in found:
+        raise ValueError(f"{archive.folder / 'rows.json'}: a row has no field 'protocol' (a version-1 archive: "
+                         "archive the run again with gencomm-seed-report archive)")
+    if len(found) != 1:
+        raise ValueError(f"{archive.folder / 'rows.json'}: rows of several protocols ({', '.join(sorted(found))})")
+    return found.pop()
+
+
+def group_by_protocol(folders: Sequence) -> List[Group]:
+    """The archives at ``folders`` grouped by protocol, each group checked as one experiment."""
+    by: Dict[str, List[Path]] = {}
+    for f in folders:
+        by.setdefault(protocol_of(load_archive(f)), []).append(Path(f))
+    return [Group(p, load_archives(fs)) for p, fs in sorted(by.items(), key=lambda kv: kv[0] != "equalized")]
+
+
+def _eval_json(ev: ArchivedEval, where: str) -> dict:
+    return {"ap": ev.ap, "ap_ci": ev.ap_ci, "bytes_per_message": ev.bytes_per_message, "frames": f"{where}/{ev.frames}"}
+
+
+def flat_rows(group: Group) -> List[dict]:
+    """Every row of every seed of ``group`` as ``results.json`` keeps it (frames paths relative to the
+    destination folder)."""
+    out = []
+    for a in group.archives:
+        where = f"{group.protocol}/seed{a.seed}"
+        for r in a.rows:
+            out.append({"method": r.method, "table": "main", "protocol": r.protocol, "training_seed": r.training_seed,
+                        "optimizer_steps": r.optimizer_steps, "trainable_params": r.trainable_params,
+                        "train_wall_s": r.train_wall_s, "eval": _eval_json(r.eval, where),
+                        "ego_only": _eval_json(r.ego_only, where)})
+        for b in a.benchmark:
+            out.append({"method": b.method, "table": "heterogeneous", "protocol": b.protocol,
+                        "training_seed": b.training_seed, "optimizer_steps": b.optimizer_steps,
+                        "trainable_params": b.trainable_params, "train_wall_s": b.train_wall_s,
+                        "onboard_method": b.onboard_method, "eval": _eval_json(b.alliances[-1].eval, where),
+                        "alliances": [{"types": x.types, **_eval_json(x.eval, where)} for x in b.alliances]})
+    return out
+
+
+Getter = Callable[[SeedArchive], Optional[FrameRecords]]
+
+
+def main_getter(method: str, key: str = "eval") -> Getter:
+    def get(a: SeedArchive):
+        r = a.row(method)
+        return None if r is None else a.records(r, key)
+    return get
+
+
+def bench_getter(method: str, alliance: Optional[int] = None) -> Getter:
+    """Records of benchmark row ``method``'s alliance number ``alliance`` (None: the full one)."""
+    def get(a: SeedArchive):
+        r = a.bench_row(method)
+        return None if r is None else a.load(r.alliances[-1 if alliance is None else alliance].eval)
+    return get
+
+
+def compare(group: Group, a: Getter, b: Getter, resamples: int, scenes: Optional[Sequence[str]] = None):
+    """(per-seed differences, pooled difference) of ``a`` minus ``b`` over the group's seeds, on the test
+    scenes ``scenes`` only when given; None when a seed lacks either side."""
+    pairs = []
+    for arc in group.archives:
+        x, y = a(arc), b(arc)
+        if x is None or y is None:
+            return None
+        if scenes is not None:
+            x, y = x.subset(scenes), y.subset(scenes)
+        pairs.append((x, y))
+    return [paired_difference(x, y, resamples) for x, y in pairs], pooled_paired_difference(pairs, resamples)
+
+
+def _k(d, thr: str) -> int:
+    return [f"{t:g}" for t in d.thresholds].index(f"{float(thr):g}")
+
+
+def holds_every_seed(per_seed, pooled, thr: str) -> bool:
+    """Every seed's interval excludes 0 with the pooled difference's sign."""
+    k = _k(pooled, thr)
+    sign = np.sign(pooled.diff["global"][k])
+    return bool(sign != 0 and all(p.significant("global")[k] and np.sign(p.diff["global"][k]) == sign
+                                  for p in per_seed))
+
+
+def diff_cell(per_seed, pooled, thr: str) -> str:
+    """``+0.021 [+0.00, +0.04]; +0.030*, +0.010, +0.022*``: pooled with its interval, bold when it
+    excludes 0, then each seed (* when that seed's interval excludes 0)."""
+    k = _k(pooled, thr)
+    d, lo, hi = pooled.diff["global"][k], pooled.lo["global"][k], pooled.hi["global"][k]
+    text = f"{d:+.3f} [{lo:+.2f}, {hi:+.2f}]"
+    text = f"**{text}**" if pooled.significant("global")[k] else text
+    return text + "; " + ", ".join(f"{p.diff['global'][_k(p, thr)]:+.3f}" + ("*" if p.significant("global")[_k(p, thr)]
+                                                                           else "") for p in per_seed)
+
+
+def _mean_std(values: Sequence[float]) -> str:
+    v = np.asarray(values, dtype=float)
+    return f"{v.mean():.3f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.3f}"
+
+
+def _common(archives: Sequence[SeedArchive], names: Callable[[SeedArchive], List[str]]) -> List[str]:
+    """Names present in every archive, in the first one's order."""
+    return [m for m in names(archives[0]) if all(m in names(a) for a in archives[1:])]
+
+
+def bench_methods(group: Group) -> List[str]:
+    return _common(group.archives, lambda a: [r.method for r in a.benchmark])
+
+
+def _budget(values: Sequence[Optional[float]], fmt: str) -> str:
+    v = [x for x in values if x is not None]
+    if not v:
+        return "-"
+    return format(v[0], fmt) if len(set(v)) == 1 else " / ".join(format(x, fmt) for x in v)
+
+
+def bench_section(group: Group, resamples: int) -> List[str]:
+    """The benchmark over seeds: AP per growing alliance (mean ± std), the budget, and paired
+    differences against GenComm at the ego's alliance alone and at the full one."""
+    methods = bench_methods(group)
+    if not methods:
+        return []
+    arcs = group.archives
+    types = [x.types for x in arcs[0].bench_row(methods[0]).alliances]
+    head = ["{" + types[0][0] + "}"] + [f"+{t[-1]}" for t in types[1:]]
+    lines = ["", f"### Heterogeneous benchmark ({group.protocol}): {', '.join(t[-1] for t in types[1:])} join "
+             f"{types[0][0]}", "",
+             "AP@0.5 as the alliance grows, mean ± sample std over the training seeds; the full alliance's "
+             "AP@0.7 too; what each row trained (optimizer steps and onboarding wall time, per seed when they "
+             "differ).", "",
+             "| method | " + " | ".join(head) + " | full, AP@0.7 | optimizer steps | wall time (s) | trainable params |",
+             "|---|" + "---|" * (len(head) + 4)]
+    for m in methods:
+        rows = [a.bench_row(m) for a in arcs]
+        cells = [_mean_std([r.alliances[k].eval.ap["global"]["0.5"] for r in rows]) for k in range(len(types))]
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {_mean_std([r.alliances[-1].eval.ap['global']['0.7'] for r in rows])}"
+                     f" | {_budget([r.optimizer_steps for r in rows], 'd')} | {_budget([r.train_wall_s for r in rows], '.0f')}"
+                     f" | {_budget([r.trainable_params for r in rows], ',d')} |")
+    ref = next((m for m in methods if m.startswith(REFERENCE)), None)
+    if ref is None:
+        return lines
+    lines += ["", f"Each row minus {ref} on the same test frames (global order): pooled over seeds with its 95% "
+              "interval (bold: excludes 0), then each seed (*: that seed's interval excludes 0).", "",
+              f"| method | {head[0]} AP@0.5 | full AP@0.5 | full AP@0.7 |", "|---|---|---|---|"]
+    verdicts = []
+    for m in methods:
+        if m == ref:
+            continue
+        first = compare(group, bench_getter(m, 0), bench_getter(ref, 0), resamples)
+        full = compare(group, bench_getter(m), bench_getter(ref), resamples)
+        lines.append(f"| {m} | {diff_cell(*first, '0.5')} | {diff_cell(*full, '0.5')} | {diff_cell(*full, '0.7')} |")
+        for name, res, thr in ((head[0], first, "0.5"), ("full alliance", full, "0.5"), ("full alliance", full, "0.7")):
+            if holds_every_seed(*res, thr):
+                side = "above" if res[1].diff["global"][_k(res[1], thr)] > 0 else "below"
+                verdicts.append(f"{m} {side} {REFERENCE} ({name}, AP@{thr})")
+    lines += ["", f"Significant in every seed: {'; '.join(verdicts) or 'none'}."]
+    return lines
+
+
+def checks(group: Group, resamples: int) -> List[dict]:
+    """The issue's acceptance comparisons at AP@0.5, each pooled and per seed: full-feature intermediate
+    minus no fusion (main table), and every onboarding method's {m1} minus no fusion's {m1} (benchmark)."""
+    out = []
+    items = [(FULL_FEATURE, NO_FUSION, "main table", main_getter(FULL_FEATURE), main_getter(NO_FUSION))]
+    nf = next((m for m in bench_methods(group) if m.startswith(NO_FUSION)), None)
+    for m in bench_methods(group):
+        if nf is not None and not m.startswith(NOT_ONBOARDING):
+            items.append((m, nf, "benchmark, ego alliance alone", bench_getter(m, 0), bench_getter(nf, 0)))
+    for a, b, where, ga, gb in items:
+        res = compare(group, ga, gb, resamples)
+        if res is None:
+            continue
+        per_seed, pooled = res
+        k = _k(pooled, "0.5")
+        out.append({"protocol": group.protocol, "what": f"{a} minus {b}", "where": where, "threshold": "0.5",
+                    "pooled": {"diff": float(pooled.diff["global"][k]),
+                               "ci": [float(pooled.lo["global"][k]), float(pooled.hi["global"][k])]},
+                    "per_seed": {str(s): {"diff": float(p.diff["global"][k]), "significant": bool(p.significant("global")[k])}
+                                 for s, p in zip(group.seeds, per_seed)},
+                    "at_least": bool(pooled.diff["global"][k] >= 0 and all(p.diff["global"][k] >= 0 for p in per_seed)),
+                    "above_every_seed": holds_every_seed(per_seed, pooled, "0.5") and pooled.diff["global"][k] > 0})
+    return out
+
+
+def checks_section(found: Sequence[dict]) -> List[str]:
+    if not found:
+        return []
+    lines = ["", "### The issue's acceptance checks (AP@0.5)", "",
+             "| comparison | where | pooled [95%] | per seed | at least, every seed | above, significant every seed |",
+             "|---|---|---|---|---|---|"]
+    for c in found:
+        p = c["pooled"]
+        seeds = ", ".join(f"{v['diff']:+.3f}" + ("*" if v["significant"] else "") for v in c["per_seed"].values())
+        lines.append(f"| {c['what']} | {c['where']} | {p['diff']:+.3f} [{p['ci'][0]:+.2f}, {p['ci'][1]:+.2f}] | "
+                     f"{seeds} | {'yes' if c['at_least'] else '**no**'} | {'yes' if c['above_every_seed'] else 'no'} |")
+    return lines
+
+
+def family_section(group: Group, resamples: int) -> List[str]:
+    """AP@0.5 per scene family (mean ± std over seeds) and the pooled paired difference against the
+    table's GenComm row per family: main-table rows and the benchmark's full alliance."""
+    fam = group.archives[0].meta.get("scene_families") or {}
+    families = sorted(set(fam.values()))
+    if len(families) < 2:
+        return []
+    parts = {f: [s for s, v in fam.items() if v == f] for f in families}
+    main = _common(group.archives, lambda a: [r.method for r in a.rows])
+    entries = [("main", m, main_getter(m)) for m in main] + [("benchmark", m, bench_getter(m))
+                                                              for m in bench_methods(group)]
+    refs = {"main": next((m for m in main if m.startswith(REFERENCE)), None),
+            "benchmark": next((m for m in bench_methods(group) if m.startswith(REFERENCE)), None)}
+    lines = ["", f"### Per scene family ({group.protocol})", "",
+             "AP@0.5 per family, mean ± std over seeds, and the row minus its table's GenComm on that family's "
+             "frames (pooled over seeds [95%]; per seed, * significant). " + ", ".join(
+                 f"{f}: {len(parts[f])} test scenes" for f in families) + ".", "",
+             "| table | method | " + " | ".join(f"{f} AP@0.5 | {f} vs GenComm" for f in families) + " |",
+             "|---|---|" + "---|---|" * len(families)]
+    for table, m, get in entries:
+        cells = []
+        for f in families:
+            aps = []
+            for a in group.archives:
+                part = get(a).subset(parts[f])
+                aps.append(float(bootstrap_ap(part, 1).ap["global"][_k(part, "0.5")]))
+            cells.append(_mean_std(aps))
+            ref = refs[table]
+            if ref is None or ref == m:
+                cells.append("-")
+                continue
+            ref_get = main_getter(ref) if table == "main" else bench_getter(ref)
+            cells.append(diff_cell(*compare(group, get, ref_get, resamples, parts[f]), "0.5"))
+        lines.append(f"| {table} | {m} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def report(groups: Sequence[Group], found: Sequence[dict], resamples: int) -> str:
+    lines = ["# Fair benchmark", "",
+             "Generated by `python tools/fair_benchmark.py` from the seed archives beside this file "
+             "(experiments/fair.py says how every figure is computed)."]
+    for g in groups:
+        a0 = g.archives[0]
+        lines += ["", f"## Protocol `{g.protocol}`: training seeds {', '.join(map(str, g.seeds))}", "",
+                  "Commits and commands: " + "; ".join(f"seed {a.seed}: `{a.meta.get('command', '?')}` at "
+                                                      f"{str(a.meta.get('commit') or '?')[:7]}" for a in g.archives)
+                  + f". Profile `{a0.meta.get('profile', '?')}`, data seed {a0.meta.get('data_seed', '?')}."]
+        lines += ["", f"### Main table ({g.protocol}): the LiDAR pair m1 + m3"]
+        lines += [ln.replace("## Run-to-run spread over training seeds", "#### Spread over training seeds")
+                  for ln in seed_section(g.archives, resamples)]
+        lines += bench_section(g, resamples)
+        lines += checks_section([c for c in found if c["protocol"] == g.protocol])
+        lines += family_section(g, resamples)
+    return "\n".join(lines) + "\n"
+
+
+def write_fair_benchmark(folders: Sequence, dest: Path, resamples: int = 1000) -> Path:
+    """Copy the archives at ``folders`` into ``dest/<protocol>/seed<s>/`` and write ``dest/results.json``
+    and ``dest/REPORT.md`` from those copies; returns the report's path."""
+    dest = Path(dest)
+    placed = []
+    for f in folders:
+        a = load_archive(f)
+        target = dest / protocol_of(a) / f"seed{a.seed}"
+        if Path(f).resolve() != target.resolve():
+            tmp = target.with_name(target.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(f, tmp)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+        placed.append(target)
+    groups = group_by_protocol(placed)
+    found = [c for g in groups for c in checks(g, resamples)]
+    doc = {"groups": [{"protocol": g.protocol, "seeds": g.seeds,
+                       "archives": [{"seed": a.seed, "commit": a.meta.get("commit"), "command": a.meta.get("command"),
+                                     "profile": a.meta.get("profile"), "data_seed": a.meta.get("data_seed")}
+                                    for a in g.archives]} for g in groups],
+           "rows": [r for g in groups for r in flat_rows(g)], "checks": found, "resamples": resamples}
+    (dest / "results.json").write_text(json.dumps(doc, indent=2))
+    path = dest / "REPORT.md"
+    path.write_text(report(groups, found, resamples))
+    return path
+
+
+def main(argv=None) -> int:
+    """``gencomm-fair-benchmark ARCHIVE... -o DEST``: exit 0 with the report's path, or 2 with one line on
+    stderr naming the file for any bad input."""
+    import argparse
+    import sys
+    from opencood_ext.cli.errors import READ_ERRORS, one_line
+    p = argparse.ArgumentParser(prog="gencomm-fair-benchmark", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("archives", nargs="+", type=Path, help="seed archive folders (seed<s>/ with rows.json, version 2)")
+    p.add_argument("-o", "--out", type=Path, required=True, help="destination folder (e.g. archive/fair_benchmark)")
+    p.add_argument("--resamples", type=int, default=1000, help="scene-bootstrap resamples (default 1000)")
+    args = p.parse_args(argv)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = write_fair_benchmark(args.archives, args.out, args.resamples)
+    except READ_ERRORS as exc:
+        print(f"error: gencomm-fair-benchmark: {one_line(exc)}", file=sys.stderr)
+        return 2
+    print(f"report: {path}")
+    return 0
