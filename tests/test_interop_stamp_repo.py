@@ -15,6 +15,7 @@ tests/test_reference_e2e.py's ``_checkpoint``; the pyramid's from tests/test_pyr
 functional restatement of that forward (below, with reference_forward's PillarVFE / scatter and
 test_pyramid_fusion's restated HEAL pyramid levels and fusion) on the real V2XSet fixture frame.
 """
+import json
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,7 @@ def _model(types, ego, cycle=False):
                                fusion_args=FUSION, link=link, protocol="reference").eval()
 
 
-def _adapter_shapes(p, C=C):
+def _adapter_shapes(p, C=C, HIDDEN=HIDDEN, BLOCKS=BLOCKS, KERNEL=KERNEL):
     """AdapterConvNext below ``p`` on ``C`` channels: channel_convert1, ConvNeXt blocks conv.model.<k>,
     channel_convert2, and the 3x3 smoothing conv it builds and never applies."""
     shapes = {f"{p}.channel_convert1.weight": (HIDDEN, C, 1, 1), f"{p}.channel_convert1.bias": (HIDDEN,),
@@ -117,19 +118,24 @@ def _adapter_shapes(p, C=C):
     return shapes
 
 
-def _stamp_state(types, seed):
-    """Every key of STAMP's model for ``types``: each type's encoder, ResNet backbone (one BasicBlock,
-    stride 2), adapter, reverter, pyramid, shrink_conv and heads."""
+def _stamp_state(types, seed, c=C, fusion=FUSION, head_in=HEAD_IN, blocks=1, adapters=True):
+    """Every key of STAMP's model for ``types``: each type's encoder, ResNet backbone (``blocks`` BasicBlocks,
+    the first with stride 2), adapter, reverter, pyramid, shrink_conv and heads."""
     shapes = {}
     for t in types:
-        bb = f"backbone_{t}.resnet.layer0.0"
-        shapes.update({**pillar_vfe(f"encoder_{t}", 10, C), f"{bb}.conv1.weight": (C, C, 3, 3), **bn(f"{bb}.bn1", C),
-                       f"{bb}.conv2.weight": (C, C, 3, 3), **bn(f"{bb}.bn2", C),
-                       f"{bb}.downsample.0.weight": (C, C, 1, 1), **bn(f"{bb}.downsample.1", C),
-                       **_adapter_shapes(f"adapter_{t}.adapter"), **_adapter_shapes(f"reverter_{t}.reverter")})
+        shapes.update(pillar_vfe(f"encoder_{t}", 10, c))
+        for j in range(blocks):
+            bb = f"backbone_{t}.resnet.layer0.{j}"
+            shapes.update({f"{bb}.conv1.weight": (c, c, 3, 3), **bn(f"{bb}.bn1", c), f"{bb}.conv2.weight": (c, c, 3, 3),
+                           **bn(f"{bb}.bn2", c)})
+        shapes.update({f"backbone_{t}.resnet.layer0.0.downsample.0.weight": (c, c, 1, 1),
+                       **bn(f"backbone_{t}.resnet.layer0.0.downsample.1", c)})
+        if adapters:
+            shapes.update({**_adapter_shapes(f"adapter_{t}.adapter", c),
+                           **_adapter_shapes(f"reverter_{t}.reverter", c)})
     sd = _checkpoint(shapes, seed)
     for i, t in enumerate(types):
-        for k, v in heal_state(seed + 1 + i, FUSION, cin=C, head_in=HEAD_IN).items():
+        for k, v in heal_state(seed + 1 + i, fusion, cin=c, head_in=head_in).items():
             head, rest = k.split(".", 1)
             sd[f"{head}_{t}.{rest}"] = v
     return sd
@@ -327,3 +333,26 @@ def test_gencomm_reference_stamp_inference_yaml_converts_without_missing_message
     assert conv.config["model"]["link"] == {"type": "stamp_collab", "ego": "m1", "hidden_channels": 64, "blocks": 3,
                                             "kernel_size": 7, "ego_of_any_type": True}
     assert (conv.config["model"]["fusion_op"], conv.config["data"]["modality"]) == ("att", "cycle:m1,m3")
+
+
+def test_import_weights_takes_a_stamp_checkpoint_at_the_yamls_widths(tmp_path, capsys):
+    """tools/import_weights.py with the real adapter-stage yaml and a checkpoint of its full widths (m0 and m4:
+    64-wide PointPillars, 3 residual blocks, [3, 5, 8] ResNeXt pyramids to 256, AdapterConvNext dim 64 x 3,
+    m0 without adapters as STAMP builds it): every key mapped or dropped with its reason."""
+    from opencood_ext.cli.import_weights import main
+
+    heal = dict(FUSION, layer_nums=[3, 5, 8], num_filters=[64, 128, 256], num_upsample_filters=[128, 128, 128])
+    sd = _stamp_state(["m0", "m4"], 2, c=64, fusion=heal, head_in=256, blocks=3, adapters=False)
+    for part in ("adapter", "reverter"):
+        sd.update(_checkpoint(_adapter_shapes(f"{part}_m4.{part}", 64, 64, 3, 7), 4))
+    torch.save(sd, tmp_path / "net_epoch_bestval_at3.pth")
+    assert main([str(tmp_path / "net_epoch_bestval_at3.pth"), "--config", str(ADAPTER_STAGE),
+                 "-o", str(tmp_path / "run")]) == 0
+    report = json.loads((tmp_path / "run" / "import_report.json").read_text())
+    assert not report["unused_reference_keys"] and not report["not_mapped"]
+    assert {"fuse", "head", "link.adapter.m4", "link.reverter.m4", "encoders.m0.encoder"} <= set(report["mapped"])
+    dropped = set(report["dropped_unread_reference_keys"])
+    assert dropped == {k for k in sd if k.startswith(tuple(f"{p}_m0." for p in PARTS)) or ".smoothing." in k}
+    out = capsys.readouterr().out
+    assert f"reference keys its forward never reads, dropped ({len(dropped)})" in out
+    assert "pyramid_backbone_m0.resnet.* (" in out and "type m0's own fusion and heads: the reference runs them" in out

@@ -137,28 +137,29 @@ class WeightMapping:
     unmatched: Dict[str, str]
     unused: List[str]
     dropped: List[str] = field(default_factory=list)
+    why_dropped: Dict[str, str] = field(default_factory=dict)  # a dropped key -> why (when a link said)
 
     def summary(self) -> str:
         lines = [f"mapped: {', '.join(self.matched) or 'nothing'}"]
         lines += [f"not mapped: {k}: {why}" for k, why in self.unmatched.items()]
         if self.dropped:
             lines.append(f"reference keys its forward never reads, dropped ({len(self.dropped)}):")
-            lines += [f"  {g}" for g in group_reference_keys(self.dropped, depth=2)]
+            lines += [f"  {g}" for g in group_reference_keys(self.dropped, depth=2, why=self.why_dropped)]
         if self.unused:
             lines.append(f"reference keys not used ({len(self.unused)}):")
             lines += [f"  {g}" for g in group_reference_keys(self.unused)]
         return "\n".join(lines)
 
 
-def group_reference_keys(keys: List[str], depth: int = 1) -> List[str]:
+def group_reference_keys(keys: List[str], depth: int = 1, why: Optional[Mapping[str, str]] = None) -> List[str]:
     """One line per reference module (the first ``depth`` key segments): its key prefix, count, an
-    example and what it is."""
+    example and what it is (``why[key]`` of its first key when given)."""
     groups: Dict[str, List[str]] = {}
     for k in keys:
         groups.setdefault(".".join(k.split(".")[:depth]), []).append(k)
     lines = []
     for prefix, ks in groups.items():
-        what = next((d for rx, d in REFERENCE_MODULES if re.match(rx, ks[0])), "")
+        what = (why or {}).get(ks[0]) or next((d for rx, d in REFERENCE_MODULES if re.match(rx, ks[0])), "")
         lines.append(f"{prefix}.* ({len(ks)} keys, e.g. {ks[0]})" + (f": {what}" if what else ""))
     return lines
 
@@ -209,6 +210,7 @@ def import_reference_state(ref: Mapping[str, Tensor], model: nn.Module, partial:
         result = import_reference_state(ref, model, partial=True, viewed=True)
         result.unused = [names[k] for k in result.unused]
         result.dropped = [names[k] for k in result.dropped] + list(unread)
+        result.why_dropped = dict(unread)
         if not partial and (result.unmatched or result.unused):
             raise WeightImportError("the reference weights do not fit this model:\n" + result.summary())
         return result
