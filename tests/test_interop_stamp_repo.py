@@ -242,6 +242,9 @@ def test_final_collaboration_checkpoint_imports_and_is_stamps_forward():
     batch = _batch(types, "cycle:m2,m4")
     assert batch.agent_types[int(batch.ego_index[0])] == "m2" and sorted(batch.agent_types) == ["m2", "m2", "m4"]
     assert max(_errors(model, sd, batch, "m2", cycle=False)) < 1e-4
+    with torch.no_grad():  # the messages as bytes, as gencomm-infer runs it: the same detections
+        got, want = model.predict(batch).detections[0], model.decode(model(batch).head)[0]
+    assert len(got.boxes) == len(want.boxes) > 0 and torch.equal(got.scores, want.scores)
 
 
 def test_adapter_stage_checkpoint_imports_and_is_stamps_forward():
