@@ -80,7 +80,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
               seeds: Optional[Sequence[int]] = None, benchmark: bool = True, robustness: bool = True,
               benchmark_types: Optional[Sequence[str]] = None, competitor_stage1: Optional[str] = None,
               test_scenes: Optional[int] = None, configs: Optional[Path] = None,
-              command: str = "gencomm-reproduce", feature_cache: bool = True, score_epochs: bool = False) -> Path:
+              command: str = "gencomm-reproduce", feature_cache: bool = True, score_epochs: bool = False,
+              protocol: Optional[str] = None) -> Path:
     """The main job (module docstring). ``seed``: the data and channel seed; ``seeds``: training seeds
     (default: the profile's); every row is trained once per training seed (seed 0's runs in ``runs``,
     another seed's in ``runs/seed<s>``), the report shows the first seed's rows and the spread across seeds.
@@ -92,7 +93,10 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     ``feature_cache``: keep frozen encoders' features in ``out/cache/features`` (results equal the uncached
     ones; False computes every encoding, for a side-by-side check); ``score_epochs``: the benchmark evaluates
     every kept epoch of every onboarding too (:attr:`Profile.score_epochs`), for the report's AP per
-    onboarding epoch and what the camera adds at each."""
+    onboarding epoch and what the camera adds at each. ``protocol``: run every step under this protocol
+    (``--set protocol=...`` for every training, onboarding and evaluation; None: the configs' own,
+    ``equalized`` for the shipped sim configs), e.g. ``reference`` for the LiDAR pair under the reference
+    code's placement (issue 31)."""
     from opencood_ext.config_files import configs_root
     profile = PROFILES[profile_name]
     if not benchmark:
@@ -105,6 +109,11 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
         profile = dataclasses.replace(profile, competitor_stage1=competitor_stage1)
     if score_epochs:
         profile = dataclasses.replace(profile, score_epochs=True)
+    if protocol is not None:
+        from opencood_ext.models.detector import PROTOCOLS
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        profile = dataclasses.replace(profile, overrides=[*profile.overrides, f"protocol={protocol}"])
     if test_scenes is not None:
         if test_scenes < 0:
             raise ValueError(f"test_scenes must be >= 0, got {test_scenes}")
@@ -207,6 +216,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--no_feature_cache", action="store_true",
                    help="encode every frame in every onboarding and evaluation (default: frozen encoder stacks' "
                         "features are kept in OUT/cache/features and reused; the results are the same)")
+    p.add_argument("--protocol", choices=["equalized", "reference", "native"], default=None,
+                   help="run every step under this protocol (default: the configs' own, equalized for the shipped "
+                        "sim configs); reference: the reference code's placement (GenComm generates before the warp, "
+                        "nothing but the 1x1 head after fusion). Default --out results_<protocol> when given")
     p.add_argument("--score_epochs", action="store_true",
                    help="the benchmark also evaluates every kept epoch of every onboarding on the test set (AP per "
                         "onboarding epoch and what the camera adds at each, in REPORT.md); costs epochs x alliances "
@@ -214,7 +227,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(None if argv is None else list(argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     profile = args.profile or ("quick" if args.quick else "default")
-    out = args.out or Path("results" if profile == "default" else f"results/{profile}")
+    tail = f"_{args.protocol}" if args.protocol else ""
+    out = args.out or Path(f"results{tail}" if profile == "default" else f"results/{profile}{tail}")
     data = args.data or Path("data/sim" if profile == "default" else f"data/sim_{profile}")
     words = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -223,7 +237,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            benchmark_types=args.benchmark_types.split(",") if args.benchmark_types else None,
                            competitor_stage1=args.competitor_stage1, test_scenes=args.test_scenes,
                            configs=args.configs, command=shlex.join(["gencomm-reproduce", *words]),
-                           feature_cache=not args.no_feature_cache, score_epochs=args.score_epochs)
+                           feature_cache=not args.no_feature_cache, score_epochs=args.score_epochs,
+                           protocol=args.protocol)
     except (ValueError, FileNotFoundError, StepError, ResultsError) as exc:
         print(f"error: gencomm-reproduce: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -34,7 +34,9 @@ class GenCommLink(nn.Module):
     warp_before_generation: True follows the paper (warp the message to the
         receiver frame, then generate, so the result is spatially consistent);
         False runs the reference order (generate in the sender frame from the
-        receiver's unwarped feature, then warp the generated feature).
+        receiver's unwarped feature, then warp the generated feature); None (the
+        default): the protocol's order, False under ``reference``, True otherwise
+        (:meth:`warps_first`), so one config runs under either protocol.
     generation_weight: weight of the generation loss (:meth:`losses`; the reference's
         ``loss.args.generate_weight``), an MSE between generated and real features
         (stage 1; 0 in stage 2, where sender and receiver live in different semantic spaces).
@@ -45,7 +47,7 @@ class GenCommLink(nn.Module):
 
     def __init__(self, channels: int, agent_types: List[str], lidar_range,
                  message: Optional[dict] = None, generator: Optional[dict] = None,
-                 enhancer: Optional[dict] = None, warp_before_generation: bool = True,
+                 enhancer: Optional[dict] = None, warp_before_generation: Optional[bool] = None,
                  generation_weight: float = 1.0,
                  wire_dtype: Literal["float32", "float16", "int8"] = "float16"):
         super().__init__()
@@ -105,21 +107,30 @@ class GenCommLink(nn.Module):
         Protocol ``reference`` (needs ``warp_before_generation: false``): generate from the
         unwarped message, enhance, warp, and mask nothing, as the reference GenComm does."""
         reference = arrival.protocol == "reference"
-        if reference and self.warp_before_generation:
-            raise ValueError("model.link.warp_before_generation: protocol reference generates in the sender's "
-                             "frame and warps afterwards, as the reference GenComm does; set it false")
+        first = self.warps_first(arrival.protocol)
         T_ego_from_sender = arrival.T_ego_from_sender
-        cond = warp_to_ego(payload, T_ego_from_sender, self.lidar_range) if self.warp_before_generation \
-            else payload
+        cond = warp_to_ego(payload, T_ego_from_sender, self.lidar_range) if first else payload
         gen, raw = self._generate(cond, arrival.receiver_features, arrival.receiver_types)
         if reference and self.training:
             if self._reference_record is None:
                 raise RuntimeError("gencomm link: protocol reference in training generates the receiver's own "
                                    "feature (own) before the messages (receive); own was not called")
             self._reference_record["received"] = raw
-        if not self.warp_before_generation:
+        if not first:
             gen = warp_to_ego(gen, T_ego_from_sender, self.lidar_range)
         return gen if reference else gen * arrival.valid
+
+    def warps_first(self, protocol: str = "native") -> bool:
+        """Whether messages are warped before generation under ``protocol`` (``warp_before_generation``,
+        or the protocol's order when it is None). Reference with true is refused, naming the key."""
+        reference = protocol == "reference"
+        if self.warp_before_generation is None:
+            return not reference
+        if reference and self.warp_before_generation:
+            raise ValueError("model.link.warp_before_generation: protocol reference generates in the sender's "
+                             "frame and warps afterwards, as the reference GenComm does; set it false or leave "
+                             "it out")
+        return bool(self.warp_before_generation)
 
     def own(self, features: Tensor, agent_types: List[str]) -> Tensor:
         """Protocol ``reference``: the receiver's own (n, C, H, W) features, ego frame, replaced as the

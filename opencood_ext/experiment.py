@@ -44,11 +44,25 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EvalConfig:
-    """Evaluation settings. plot_every: write a BEV image every N frames (0 = never)."""
+    """Evaluation settings. plot_every: write a BEV image every N frames (0 = never). range: [X, Y],
+    the evaluated detection area x in [-X, X], y in [-Y, Y] metres (``gencomm-infer --range`` overrides
+    it); None: the protocol's (the reference script's default under ``reference``, else
+    ``data.lidar_range``; :func:`~opencood_ext.eval.detection_range.evaluation_range`)."""
 
     split: str = "test"
     plot_every: int = 20
     max_frames: Optional[int] = None
+    range: Optional[List[float]] = None
+
+    def __post_init__(self):
+        if self.range is not None:
+            from .eval.detection_range import parse_range
+            try:
+                parse_range(",".join(str(v) for v in self.range) if isinstance(self.range, (list, tuple)) else "")
+            except ValueError:
+                raise ValueError(f"eval.range: expected [X, Y], two positive numbers of metres, got {self.range!r}") \
+                    from None
+            self.range = [float(v) for v in self.range]
 
 
 @dataclass

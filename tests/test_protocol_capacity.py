@@ -150,3 +150,17 @@ def test_onboarding_refuses_stage1_runs_of_another_protocol(tmp_path):
     cfg = yaml.safe_load(RunFolder(runs["m3"]).config.read_text())
     RunFolder(runs["m3"]).config.write_text(yaml.safe_dump({**cfg, "protocol": "equalized"}))
     assert plan_onboarding(runs["m1"], [runs["m3"]]).config.protocol == "equalized"
+
+
+def test_generation_order_follows_the_protocol_unless_set():
+    """``warp_before_generation`` left out (the sim configs): warp first under native and equalized,
+    generate first under reference; set, it wins, except true under reference, refused naming the key."""
+    from gencomm.link import GenCommLink
+    link = GenCommLink(8, ["m1"], RANGE)
+    assert link.warp_before_generation is None
+    assert link.warps_first("native") and link.warps_first("equalized") and not link.warps_first("reference")
+    assert not GenCommLink(8, ["m1"], RANGE, warp_before_generation=False).warps_first("equalized")
+    with pytest.raises(ValueError, match="model.link.warp_before_generation: protocol reference"):
+        GenCommLink(8, ["m1"], RANGE, warp_before_generation=True).warps_first("reference")
+    sim = load_experiment(ROOT / "configs" / "sim" / "gencomm_stage1_m1.yaml", ["protocol=reference"])
+    assert "warp_before_generation" not in sim.model["link"]  # so the sim configs run under either protocol

@@ -134,3 +134,23 @@ def test_the_robustness_sweep_evaluates_a_reference_run_at_the_reference_default
     area = range_override((-102.4, -51.2, -3.0, 102.4, 51.2, 1.0))
     swept = [json.loads(p.read_text()) for p in stamps if "drop" in p.name or "none" in p.name]
     assert swept and all(area in json.dumps(s) for s in swept)
+
+
+def test_eval_range_in_the_config_wins_over_the_reference_default(run, capsys):
+    """``eval.range`` (the sim configs set their own area) keeps a reference-protocol evaluation on the
+    config's area; --range still overrides it; a malformed value is refused naming the key."""
+    _, out = run
+    assert inference.main(["--model_dir", str(out), "--set", "protocol=reference", "--set", "eval.range=[32, 32]",
+                           "--label", "own", "--plot_every", "0", "--max_frames", "1"]) == 0
+    assert "detection range" not in capsys.readouterr().out  # [32, 32] is the run's own area: nothing changes
+    assert "102.4" not in (out / "eval_own.inputs.json").read_text()  # not the reference script's default
+    assert inference.main(["--model_dir", str(out), "--set", "protocol=reference", "--set", "eval.range=[16, 8]",
+                           "--label", "cfg16", "--plot_every", "0", "--max_frames", "1"]) == 0
+    assert "detection range [-16.0, -8.0, -3.0, 16.0, 8.0, 1.0] (eval.range" in capsys.readouterr().out
+    for bad in ("[16]", "[0, 8]", "[-16, 8]"):
+        with pytest.raises(ValueError, match="eval.range: expected \\[X, Y\\]"):
+            load_experiment(out / "config.yaml", [f"eval.range={bad}"])
+    sim = load_experiment(ROOT / "configs" / "sim" / "gencomm_stage1_m1.yaml", ["protocol=reference"])
+    xy = sim.eval.range
+    assert evaluation_range(sim.protocol, sim.data.format, sim.data.lidar_range, tuple(xy)) is None  # its own 80 m
+

@@ -87,7 +87,7 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     model = build_model(load_experiment(_config("m1", "gencomm", args.family, None)))
     link, n = model.link.train(), args.messages
-    if not link.warp_before_generation:
+    if not link.warps_first():
         raise SystemExit("bench link: the straightforward computation is written for warp_before_generation: true")
     with torch.no_grad():  # off the zero / identity initialisations, so every path carries signal
         for prm in link.parameters():

@@ -133,10 +133,10 @@ def _run(args) -> int:
         def load(overrides):
             return load_any_run(args.model_dir, overrides, checkpoint=args.checkpoint)
     cfg, model = load(args.overrides)
-    area = evaluation_range(cfg.protocol, cfg.data.format, cfg.data.lidar_range, given_range)
+    area = evaluation_range(cfg.protocol, cfg.data.format, cfg.data.lidar_range, given_range or cfg.eval.range)
     if area is not None:  # the model is rebuilt on the new grid (its weights do not depend on the grid size)
         args.overrides = [*args.overrides, range_override(area)]
-        print(f"detection range {list(area)} (" + ("--range" if given_range else
+        print(f"detection range {list(area)} (" + ("--range" if given_range else "eval.range" if cfg.eval.range else
               f"protocol {cfg.protocol}: the reference's default") + f"; the config has {list(cfg.data.lidar_range)})")
         cfg, model = load(args.overrides)
     if args.fusion_method:

@@ -40,7 +40,8 @@ def parse_range(text: Optional[str]) -> Optional[Tuple[float, float]]:
 
 def evaluation_range(protocol: str, data_format: str, lidar_range: Sequence[float],
                      given: Optional[Tuple[float, float]]) -> Optional[Tuple[float, ...]]:
-    """The ``data.lidar_range`` to evaluate at: ``given`` (X, Y), else the reference's default under
+    """The ``data.lidar_range`` to evaluate at: ``given`` (X, Y: ``--range``, else the config's
+    ``eval.range``), else the reference's default under
     ``protocol: reference``, with the z bounds of ``lidar_range``; None when that is
     ``lidar_range`` itself (nothing to change)."""
     xy = given if given is not None else REFERENCE_DEFAULT_RANGE.get(data_format) if protocol == "reference" \

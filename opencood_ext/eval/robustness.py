@@ -140,7 +140,7 @@ class _RunEvaluator:
         self.folder, self.overrides = RunFolder(spec.run_dir), tuple(overrides)
         self.cfg, self.model = load_any_run(spec.run_dir, overrides, echo=False)
         from .detection_range import evaluation_range, range_override
-        area = evaluation_range(self.cfg.protocol, self.cfg.data.format, self.cfg.data.lidar_range, None)
+        area = evaluation_range(self.cfg.protocol, self.cfg.data.format, self.cfg.data.lidar_range, self.cfg.eval.range)
         if area is not None:  # protocol reference: the reference's default range, as gencomm-infer evaluates
             self.overrides = (*self.overrides, range_override(area))
             self.cfg, self.model = load_any_run(spec.run_dir, self.overrides, echo=False)
