@@ -58,6 +58,22 @@ def stage2_config(family: str, method: str, types: Sequence[str] = TYPES, config
     return path
 
 
+def scored_methods(score_epochs, methods=METHODS) -> List[str]:
+    """The method keys whose kept epochs are scored: ``score_epochs`` is a bool (True: every method,
+    as ``--score_epochs`` alone) or method keys ("all" for every one); an unknown key raises naming it."""
+    keys = [m for _, m in methods]
+    if isinstance(score_epochs, bool):
+        return keys if score_epochs else []
+    chosen = list(score_epochs)
+    if "all" in chosen:
+        return keys
+    unknown = [m for m in chosen if m not in keys]
+    if unknown:
+        raise ValueError(f"--score_epochs: unknown method {unknown[0]!r}; the benchmark's methods are {', '.join(keys)} "
+                         "(or all)")
+    return chosen
+
+
 def _dynamic(run: Path) -> List[dict]:
     return RunFolder(run).read_evaluation(DYNAMIC)
 
@@ -76,7 +92,7 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
                   onboard_epochs=None, methods=METHODS, types: Sequence[str] = TYPES,
                   competitor_stage1: Optional[Dict[str, Path]] = None,
                   eval_overrides: Sequence[str] = (), configs: Optional[Path] = None,
-                  feature_cache: Optional[str] = None, score_epochs: bool = False) -> List[ResultRow]:
+                  feature_cache: Optional[str] = None, score_epochs: Sequence[str] = ()) -> List[ResultRow]:
     """Onboard and evaluate every method, then the stage-1 references; -> results rows.
 
     stage1: GenComm's stage-1 run per type; competitor_stage1: the full-feature stage-1 run per
@@ -100,6 +116,7 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
     eval_sets = cache + common + sets(eval_overrides)
     order = ",".join(types)
     joined = ", ".join(types[1:])
+    scored = scored_methods(score_epochs, methods)
     rows = []
     for name, method in methods:
         own = method != "gencomm" and competitor_stage1 is not None
@@ -111,7 +128,7 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
             argv += ["--epochs", str(onboard_epochs)]
         run_cmd(Command("gencomm-onboard", argv))
         run_cmd(Command("gencomm-infer", ["--model_dir", run, "--dynamic", order, "--reuse", *eval_sets]))
-        for n in RunFolder(run).checkpoints.epoch_files() if score_epochs else ():
+        for n in RunFolder(run).checkpoints.epoch_files() if method in scored else ():
             run_cmd(Command("gencomm-infer", ["--model_dir", run, "--dynamic", order, "--checkpoint", epoch_checkpoint(n),
                                               "--reuse", *eval_sets]))
         ob = json.loads(RunFolder(run).onboarding_report.read_text())

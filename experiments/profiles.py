@@ -26,8 +26,9 @@ class Profile:
     test split. Frames of one scene are nearly redundant, so many one-frame scenes narrow a
     scene-bootstrap interval far more than the same number of frames in few scenes (docs/statistics.md).
 
-    score_epochs: the benchmark also evaluates every kept epoch of every onboarding on the test set
-    (:func:`experiments.benchmark.run_benchmark`; epochs x alliances more evaluations per method)."""
+    score_epochs: the benchmark methods (keys, "all" for every one) whose every kept onboarding epoch is
+    also evaluated on the test set (:func:`experiments.benchmark.run_benchmark`; epochs x alliances more
+    evaluations per method)."""
 
     scenarios: int
     frames: int
@@ -44,7 +45,7 @@ class Profile:
     test_scenes: int = 0
     test_frames: int = 1
     feature_cache: Optional[str] = None
-    score_epochs: bool = False
+    score_epochs: Tuple[str, ...] = ()
     scene_family: str = "junction"  # gencomm-sim --family of the dataset and the test set (opencood_ext.sim.families)
 
 

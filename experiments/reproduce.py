@@ -80,7 +80,7 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
               seeds: Optional[Sequence[int]] = None, benchmark: bool = True, robustness: bool = True,
               benchmark_types: Optional[Sequence[str]] = None, competitor_stage1: Optional[str] = None,
               test_scenes: Optional[int] = None, configs: Optional[Path] = None,
-              command: str = "gencomm-reproduce", feature_cache: bool = True, score_epochs: bool = False,
+              command: str = "gencomm-reproduce", feature_cache: bool = True, score_epochs=(),
               protocol: Optional[str] = None) -> Path:
     """The main job (module docstring). ``seed``: the data and channel seed; ``seeds``: training seeds
     (default: the profile's); every row is trained once per training seed (seed 0's runs in ``runs``,
@@ -91,9 +91,9 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     (None: the profile's; 0: the dataset's own test split). ``configs``: the configs root (default the
     shipped configs); ``command``: the invocation's command line, recorded in results.json and the archives;
     ``feature_cache``: keep frozen encoders' features in ``out/cache/features`` (results equal the uncached
-    ones; False computes every encoding, for a side-by-side check); ``score_epochs``: the benchmark evaluates
-    every kept epoch of every onboarding too (:attr:`Profile.score_epochs`), for the report's AP per
-    onboarding epoch and what the camera adds at each. ``protocol``: run every step under this protocol
+    ones; False computes every encoding, for a side-by-side check); ``score_epochs``: the benchmark methods (keys,
+    "all", or True for all) whose every kept onboarding epoch is evaluated too (:attr:`Profile.score_epochs`),
+    for the report's AP per onboarding epoch and what the camera adds at each. ``protocol``: run every step under this protocol
     (``--set protocol=...`` for every training, onboarding and evaluation; None: the configs' own,
     ``equalized`` for the shipped sim configs), e.g. ``reference`` for the LiDAR pair under the reference
     code's placement (issue 31)."""
@@ -108,7 +108,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
             raise ValueError(f"competitor_stage1 must be 'own' or 'gencomm', got {competitor_stage1!r}")
         profile = dataclasses.replace(profile, competitor_stage1=competitor_stage1)
     if score_epochs:
-        profile = dataclasses.replace(profile, score_epochs=True)
+        from .benchmark import scored_methods
+        profile = dataclasses.replace(profile, score_epochs=tuple(scored_methods(score_epochs)))
     if protocol is not None:
         from opencood_ext.models.detector import PROTOCOLS
         if protocol not in PROTOCOLS:
@@ -220,10 +221,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="run every step under this protocol (default: the configs' own, equalized for the shipped "
                         "sim configs); reference: the reference code's placement (GenComm generates before the warp, "
                         "nothing but the 1x1 head after fusion). Default --out results_<protocol> when given")
-    p.add_argument("--score_epochs", action="store_true",
-                   help="the benchmark also evaluates every kept epoch of every onboarding on the test set (AP per "
-                        "onboarding epoch and what the camera adds at each, in REPORT.md); costs epochs x alliances "
-                        "more evaluations per method (4 epochs x 4 alliances: 16 per method, 96 for the six rows)")
+    p.add_argument("--score_epochs", nargs="?", const="all", default="", metavar="METHODS",
+                   help="the benchmark also evaluates every kept epoch of these onboarding methods on the test set "
+                        "(comma-separated keys, e.g. gencomm; alone: all) for REPORT.md's AP per onboarding epoch and "
+                        "what the camera adds at each; costs epochs x alliances more evaluations per method (4 x 4: "
+                        "16 per method, 96 for the six rows)")
     args = p.parse_args(None if argv is None else list(argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     profile = args.profile or ("quick" if args.quick else "default")
@@ -237,7 +239,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            benchmark_types=args.benchmark_types.split(",") if args.benchmark_types else None,
                            competitor_stage1=args.competitor_stage1, test_scenes=args.test_scenes,
                            configs=args.configs, command=shlex.join(["gencomm-reproduce", *words]),
-                           feature_cache=not args.no_feature_cache, score_epochs=args.score_epochs,
+                           feature_cache=not args.no_feature_cache, score_epochs=[m for m in args.score_epochs.split(",") if m],
                            protocol=args.protocol)
     except (ValueError, FileNotFoundError, StepError, ResultsError) as exc:
         print(f"error: gencomm-reproduce: {' '.join(str(exc).split())}", file=sys.stderr)

@@ -149,9 +149,26 @@ def test_reproduce_flag_reaches_the_job(monkeypatch, tmp_path):
         return report
     monkeypatch.setattr(reproduce, "reproduce", fake)
     assert reproduce.main(["--quick", "--out", str(tmp_path), "--score_epochs"]) == 0
-    assert seen["score_epochs"] is True
+    assert seen["score_epochs"] == ["all"]
+    assert reproduce.main(["--quick", "--out", str(tmp_path), "--score_epochs", "gencomm,stamp"]) == 0
+    assert seen["score_epochs"] == ["gencomm", "stamp"]
     assert reproduce.main(["--quick", "--out", str(tmp_path)]) == 0
-    assert seen["score_epochs"] is False
+    assert seen["score_epochs"] == []
+
+
+def test_scoring_some_methods_only(tmp_path):
+    """``--score_epochs gencomm``: GenComm's epochs only (the camera question at a sixth of the cost);
+    an unknown key is refused naming it."""
+    from experiments.benchmark import scored_methods
+    assert scored_methods(True) == [m for _, m in METHODS] == scored_methods(["all"])
+    assert scored_methods(False) == [] == scored_methods(())
+    with pytest.raises(ValueError, match="--score_epochs: unknown method 'genkomm'"):
+        scored_methods(["genkomm"])
+    gen = _stage1_runs(tmp_path, "gencomm")
+    log = []
+    run_benchmark(tmp_path / "some", gen, "sim", _fake_tools(log), [], types=("m1", "m3"), score_epochs=["gencomm"])
+    scored = {c.value("--model_dir") for c in log if c.program == "gencomm-infer" and "--checkpoint" in c}
+    assert [Path(r).name for r in scored] == ["onboard_gencomm_m3"]
 
 
 @pytest.mark.slow
