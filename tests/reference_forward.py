@@ -133,10 +133,10 @@ def enhance(sd, x):
     return _enhancer_reference({k[len("enhancer."):]: v for k, v in sd.items() if k.startswith("enhancer.")}, x)
 
 
-def warp_to_ego(x, T_world_from_agent, lidar_range):
-    """normalize_pairwise_tfm + warp_affine_simple for the ego's row: pairwise_t_matrix[0, j] =
-    inv(T_j) @ T_0 (ego -> agent j), its 2x3 BEV part scaled by the range (H, W in metres; the
-    reference's normalisation assumes a range centred on the agent), float32."""
+def ego_row_affine(T_world_from_agent, lidar_range):
+    """normalize_pairwise_tfm's row of the ego: pairwise_t_matrix[0, j] = inv(T_j) @ T_0 (ego -> agent j),
+    its 2x3 BEV part scaled by the range (H, W in metres; the reference's normalisation assumes a range
+    centred on the agent), float32 (N, 2, 3)."""
     W, H = lidar_range[3] - lidar_range[0], lidar_range[4] - lidar_range[1]
     T = torch.linalg.solve(T_world_from_agent.double(), T_world_from_agent[0].double().expand_as(T_world_from_agent))
     M = T.float()[:, [0, 1]][:, :, [0, 1, 3]].clone()
@@ -144,6 +144,12 @@ def warp_to_ego(x, T_world_from_agent, lidar_range):
     M[:, 1, 0] *= W / H
     M[:, 0, 2] = M[:, 0, 2] / W * 2
     M[:, 1, 2] = M[:, 1, 2] / H * 2
+    return M
+
+
+def warp_to_ego(x, T_world_from_agent, lidar_range):
+    """normalize_pairwise_tfm + warp_affine_simple for the ego's row (:func:`ego_row_affine`)."""
+    M = ego_row_affine(T_world_from_agent, lidar_range)
     grid = F.affine_grid(M, list(x.shape), align_corners=False)
     return F.grid_sample(x, grid, align_corners=False)
 

@@ -164,14 +164,7 @@ def _adapter(sd, p, x):
 
 def _affine(T_world_from_agent):
     """normalize_pairwise_tfm's row of the ego (row 0): T_{agent <- ego}, its BEV part normalised by the range."""
-    W, H = RANGE[3] - RANGE[0], RANGE[4] - RANGE[1]
-    T = torch.linalg.solve(T_world_from_agent.double(), T_world_from_agent[0].double().expand_as(T_world_from_agent))
-    M = T.float()[:, [0, 1]][:, :, [0, 1, 3]].clone()
-    M[:, 0, 1] *= H / W
-    M[:, 1, 0] *= W / H
-    M[:, 0, 2] = M[:, 0, 2] / W * 2
-    M[:, 1, 2] = M[:, 1, 2] / H * 2
-    return M
+    return ref.ego_row_affine(T_world_from_agent, RANGE)
 
 
 def _stamp_forward(sd, batch, ego, cycle):
