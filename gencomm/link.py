@@ -14,6 +14,7 @@ from typing import Dict, List, Literal, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from opencood_ext.models.encoder_stack import center_crop
 from opencood_ext.models.links import LINKS, Arrival
 from opencood_ext.models.warp import warp_to_ego
 
@@ -66,19 +67,53 @@ class GenCommLink(nn.Module):
         self.wire_dtype = wire_dtype
         # protocol reference, training: this forward pass's generations before the enhancer (own, receive)
         self._reference_record: Optional[dict] = None
+        # protocol reference: per sender type whose stack zero-pads its feature to the grid, the
+        # feature's own (h, w) before the pad (:meth:`extract_before_padding`)
+        self.unpadded: Dict[str, Tuple[int, int]] = {}
+
+    def extract_before_padding(self, shapes: Dict[str, Tuple[Tuple[int, int], Tuple[int, int]]]) -> None:
+        """Protocol ``reference`` (set by the detector, derived from the agent types' stacks): per type
+        whose encoder stack centre-pads its feature from ``(h, w)`` to the grid's ``(H, W)`` (a camera
+        grid smaller than the detection range), ``{type: ((h, w), (H, W))}``. :meth:`send` then extracts
+        that type's message from the feature before the pad and pads the message with zeros the same
+        way, as the reference GenComm (``heter_model_baseline_w_gencomm_stage2.forward``: the message
+        extractor, then ``CenterCrop`` of the feature and the message alike). A stack that cuts its
+        feature (a camera grid past the range) is refused: the reference's message reads the cut part."""
+        out = {}
+        for t, (before, after) in shapes.items():
+            if t not in self.dme:
+                raise KeyError(f"agent type {t} has no message extractor; known: {sorted(self.dme)}")
+            if before[0] > after[0] or before[1] > after[1]:
+                raise ValueError(f"model.agent_types.{t}.encoder: its feature {tuple(before)} is cut to the grid "
+                                 f"{tuple(after)} (a camera xbound / ybound past the detection range); protocol "
+                                 f"reference with the gencomm link extracts the message before the cut, from cells "
+                                 f"the stack drops; make the camera grid at most the detection range")
+            out[t] = (int(before[0]), int(before[1]))
+        self.unpadded = out
+
+    def _extract(self, t: str, features: Tensor) -> Tensor:
+        """Type ``t``'s DME message of (n, C, H, W) features; for a type in :attr:`unpadded`, of the
+        centre (h, w) before the stack's zero pad, then zero-padded back to (H, W) (``center_crop``)."""
+        if t not in self.unpadded:
+            return self.dme[t](features)
+        h, w = self.unpadded[t]
+        H, W = features.shape[-2:]
+        top, left = (H - h) // 2, (W - w) // 2  # center_crop pads (H - h) // 2 rows before
+        return center_crop(self.dme[t](features[..., top:top + h, left:left + w]), (H, W))
 
     def send(self, features: Tensor, agent_types: List[str]) -> Tensor:
-        """Sender side: (n, C, H, W) features -> (n, m, H, W) messages, each by its type's DME."""
+        """Sender side: (n, C, H, W) features -> (n, m, H, W) messages, each by its type's DME
+        (under protocol reference, from the feature before its stack's pad: :meth:`extract_before_padding`)."""
         types = list(dict.fromkeys(agent_types))
         for t in types:
             if t not in self.dme:
                 raise KeyError(f"agent type {t} has no message extractor; known: {sorted(self.dme)}")
         if len(types) == 1:  # one type (every stage 1): no gather and scatter copies of the maps
-            return self.dme[types[0]](features).to(features.dtype)
+            return self._extract(types[0], features).to(features.dtype)
         out = features.new_zeros(features.shape[0], self.payload_channels, *features.shape[-2:])
         for t in types:
             idx = torch.as_tensor([i for i, a in enumerate(agent_types) if a == t], device=features.device)
-            out[idx] = self.dme[t](features[idx]).to(out.dtype)  # autocast: the DME may compute in bf16
+            out[idx] = self._extract(t, features[idx]).to(out.dtype)  # autocast: the DME may compute in bf16
         return out
 
     def _generate(self, cond: Tensor, init: Tensor, receiver_types: List[str]) -> Tuple[Tensor, Tensor]:

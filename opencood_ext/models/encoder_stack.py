@@ -90,12 +90,16 @@ class EncoderStack(nn.Module):
         cell = (self.encoder.bev_cell[0] * s, self.encoder.bev_cell[1] * s)
         # an encoder whose own grid is not the detection range (the reference LSS's camera grid): its
         # feature is centre-cropped / zero-padded to the range's share of it, as HEAL does after the shrink
+        # (crop: the shape it ends on; uncropped: the shrunk feature's own shape before it)
         self.crop: Optional[Tuple[int, int]] = None
+        self.uncropped: Optional[Tuple[int, int]] = None
         own = getattr(self.encoder, "bev_range", None)  # (xmin, ymin, xmax, ymax)
         if own is not None and any(abs(float(a) - float(b)) > 1e-6 for a, b in
                                    zip(own, (lidar_range[0], lidar_range[1], lidar_range[3], lidar_range[4]))):
-            shape = (int(shape[0] * float(lidar_range[4]) / float(own[3])),
-                     int(shape[1] * float(lidar_range[3]) / float(own[2])))
+            self.uncropped = tuple(shape)
+            # the reference's rounding: the ratio first (crop_ratio_H / _W), then int(H ratio), int(W ratio)
+            shape = (int(shape[0] * (float(lidar_range[4]) / float(own[3]))),
+                     int(shape[1] * (float(lidar_range[3]) / float(own[2]))))
             self.crop = shape
         self.grid = BEVGrid(tuple(float(x) for x in lidar_range), shape, cell)
 
