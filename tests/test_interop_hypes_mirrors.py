@@ -34,9 +34,8 @@ REFUSED = [
     # STAMP's own repository (collab_w_adapter: the ego type's model converts, opencood_ext/methods/stamp_collab.py):
     # stage train_adapter: the adapters' alignment alone, no output to detect with
     (r"^STAMP/.*/(convnext_f_only|local_adapter/convnext_crop)/", "key 'model.args.stage'"),
-    # its 1x1-conv AdapterConv and attention AdapterAtt are not adapters here
-    (r"^STAMP/.*/local_adapter/(conv|att)/", "adapter.core_method'"),
-    # the task-agnostic files' m1 / m2 are BEV segmentation models (bev_seg_head)
+    # the task-agnostic files' m1 / m2 are BEV segmentation models (bev_seg_head; AdapterConv and AdapterAtt
+    # convert, opencood_ext/methods/stamp_adapters.py, but these heads are not built here)
     (r"^STAMP/.*/task_agnostic/.*/m[12]/", "head_method'"),
     # their m4 adapts a 0.4 m grid of another range to the protocol's (a resizing adapter)
     (r"^STAMP/.*/task_agnostic/.*/m4/", "out_feature_shape'"),

@@ -186,7 +186,11 @@ def _stamp_forward(sd, batch, ego, cycle):
         elif t != ego:  # cur_feature_dict[E][s] = reverter_E(adapter_s(f_s)); an E agent's as it is
             f = _adapter(sd, f"reverter_{ego}.reverter", _adapter(sd, f"adapter_{t}.adapter", f))
         rows.append(f)
-    x = torch.cat(rows)
+    return _stamp_detect(sd, torch.cat(rows), batch, order, ego)
+
+
+def _stamp_detect(sd, x, batch, order, ego):
+    """Type ``ego``'s PyramidFusion, shrink_conv and heads on the rows ``x`` (agents ``order``, ego first)."""
     own = {p + k[len(f"{p}_{ego}"):]: v for k, v in sd.items() for p in PARTS if k.startswith(f"{p}_{ego}.")}
     affine = _affine(batch.T_world_from_agent[order])
     fused = []
@@ -210,10 +214,12 @@ def _import(model, sd):
     return mapping
 
 
-def _errors(model, sd, batch, ego, cycle):
+def _errors(model, sd, batch, ego, cycle, forward=None):
+    """Max |ours - STAMP's| / max |STAMP's| per map (cls, reg, dir); ``forward`` (sd, batch) -> STAMP's maps,
+    by default :func:`_stamp_forward`'s."""
     with torch.no_grad():
         ours = model(batch).head
-        want = _stamp_forward(sd, batch, ego, cycle)
+        want = forward(sd, batch) if forward else _stamp_forward(sd, batch, ego, cycle)
     hwl = torch.tensor([a * 7 + j for a in range(ours.reg.shape[1] // 7) for j in (0, 1, 2, 5, 4, 3, 6)])
     errors = []
     for name, a, b in (("cls", ours.cls, want[0]), ("reg", ours.reg, want[1][:, hwl]), ("dir", ours.dir, want[2])):

@@ -283,7 +283,9 @@ KEYS: Dict[str, Rule] = {
     "model.args.<m>.fusion_method": Mapped("model.fusion_op (every type's must agree; the reference's adapter "
                                            "stage builds no fusion, ours runs the protocol owner's frozen one)"),
     "model.args.<m>.<k>.feat_dim": Dropped(_STAMP_HEAD),
-    "model.args.<m>.<ar:adapter|reverter>.core_method": Fixed(("adapterconvnext",), "STAMP's ConvNeXt adapter"),
+    "model.args.<m>.<ar:adapter|reverter>.core_method": Fixed(("adapterconvnext", "adapterconv", "adapteratt"),
+                                                              "STAMP's ConvNeXt, 1x1-conv or attention adapter "
+                                                              "(model.link.adapter; stamp_adapters.py)"),
     "model.args.<m>.<ar:adapter|reverter>.args.<io:in_channels|out_channels>": Same("equal to the feature width"),
     "model.args.<m>.<ar:adapter|reverter>.args.<io:in_cav_lidar_range|out_cav_lidar_range>":
         Same(_ANCHOR_NOTE, "cav_lidar_range"),
@@ -292,6 +294,8 @@ KEYS: Dict[str, Rule] = {
     "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.num_of_blocks": Mapped("model.link.blocks"),
     "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.dim": Mapped("model.link.hidden_channels"),
     "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.kernel_size": Mapped("model.link.kernel_size"),
+    "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.depth": Mapped("model.link.blocks (AdapterAtt)"),
+    "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.<k:num_heads|patch_size>": Mapped("model.link.<k>"),
     "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.deform": Fixed((False,), "plain depth-wise convs"),
     "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.early_scale": Fixed((1.0,), "input scale"),
     "model.args.<m>.<ar:adapter|reverter>.args.submodule_args.late_upsample": Dropped(

@@ -21,13 +21,23 @@ from __future__ import annotations
 
 from typing import List
 
+from ..methods.stamp_adapters import ATT_DEFAULTS, CONVNEXT_DEFAULTS, ROW_COUPLED, AttentionAdapter
 from .hypes_reader import HypesReader, same_value
+
+
+def _convnext_only(r: HypesReader, m: str, part: str, model: str) -> None:
+    """The GenComm reference's STAMP files are converted with the ConvNeXt adapter only."""
+    key = f"model.args.{m}.{part}.core_method"
+    if r.get(key, "adapterconvnext") != "adapterconvnext":
+        r.refuse(key, f"{r.get(key)!r}: {model} is converted with STAMP's AdapterConvNext only (the other "
+                      f"variants: STAMP's collab_w_adapter, opencood_ext/methods/stamp_adapters.py)")
 
 
 def _size(r: HypesReader, m: str) -> dict:
     """The adapter and reverter size of type ``m`` (the two must match: ours share one size)."""
     sizes = {}
     for part in ("adapter", "reverter"):
+        _convnext_only(r, m, part, str(r.get("model.core_method", "this model")))
         sub = f"model.args.{m}.{part}.args.submodule_args"
         sizes[part] = (r.get(f"{sub}.dim", 64), r.get(f"{sub}.num_of_blocks", 3))
         shapes = [r.get(f"model.args.{m}.{part}.args.{io}_feature_shape", None) for io in ("in", "out")]
@@ -107,6 +117,47 @@ def collab_ego(r: HypesReader, types: List[str]) -> str:
     return ego
 
 
+#: per variant, the submodule_args keys only the other variants read (dropped, listed, when a file states them);
+#: AdapterConv reads none of submodule_args
+OTHER_VARIANTS_SIZES = {"adapterconvnext": ("depth", "num_heads", "patch_size"),
+                        "adapteratt": ("num_of_blocks", "kernel_size", "deform"),
+                        "adapterconv": ("dim", "num_of_blocks", "kernel_size", "deform", "depth", "num_heads",
+                                        "patch_size", "early_scale", "late_upsample")}
+
+
+def collab_part(r: HypesReader, t: str, part: str) -> dict:
+    """The ``model.link`` arguments of type ``t``'s ``part`` (adapter / reverter) in a collab_w_adapter
+    file: its variant (core_method; the ConvNeXt one unnamed) and the sizes that variant reads, with
+    STAMP's defaults (opencood_ext/methods/stamp_adapters.py)."""
+    base = f"model.args.{t}.{part}"
+    kind = r.get(f"{base}.core_method", "adapterconvnext")
+    shapes = [r.get(f"{base}.args.{io}_feature_shape", None) for io in ("in", "out")]
+    if None not in shapes and not same_value(list(shapes[0]), list(shapes[1])):
+        r.refuse(f"{base}.args.out_feature_shape",
+                 f"{shapes[1]} differs from in_feature_shape {shapes[0]}: a resizing adapter, ours do not resize")
+    sub = f"{base}.args.submodule_args"
+    for key in r.children(sub):  # the sizes another variant reads (STAMP's modules read only their own)
+        if key in OTHER_VARIANTS_SIZES.get(kind, ()):
+            r.dropped.append((f"{sub}.{key}", f"{kind} does not read it"))
+    if kind == "adapterconvnext":
+        return {"hidden_channels": r.get(f"{sub}.dim", CONVNEXT_DEFAULTS["hidden_channels"]),
+                "blocks": r.get(f"{sub}.num_of_blocks", CONVNEXT_DEFAULTS["blocks"]),
+                "kernel_size": r.get(f"{sub}.kernel_size", CONVNEXT_DEFAULTS["kernel_size"])}
+    if kind == "adapterconv":
+        return {"adapter": kind}
+    if kind != "adapteratt":
+        r.refuse(f"{base}.core_method", f"{kind!r}: STAMP's adapters here are adapterconvnext, adapterconv and "
+                                        f"adapteratt")
+        return {"adapter": kind}
+    if shapes[0] is None:
+        r.refuse(f"{base}.args.in_feature_shape", "missing: AdapterAtt's position table is laid on that grid")
+    return {"adapter": kind, "hidden_channels": r.get(f"{sub}.dim", ATT_DEFAULTS["hidden_channels"]),
+            "blocks": r.get(f"{sub}.depth", ATT_DEFAULTS["blocks"]),
+            "num_heads": r.get(f"{sub}.num_heads", ATT_DEFAULTS["num_heads"]),
+            "patch_size": r.get(f"{sub}.patch_size", ATT_DEFAULTS["patch_size"]),
+            "feature_shape": [int(v) for v in shapes[0] or []]}
+
+
 def stamp_collab(r: HypesReader, types: List[str]) -> dict:
     """``fusion``, ``fusion_op``, ``fusion_args`` and ``link`` of a collab_w_adapter file: the ego type's
     Pyramid Fusion, shrink_conv and heads, the ``stamp_collab`` link (opencood_ext/methods/stamp_collab.py)."""
@@ -125,24 +176,21 @@ def stamp_collab(r: HypesReader, types: List[str]) -> dict:
     parts = pyramid_fusion(r, base)
     cycle = COLLAB_STAGES.get(stage, False)
     senders = [ego] if cycle else [t for t in types if t != ego]  # the adapter stages' agents are all ego
-    sizes = {}
-    for t in types:
-        for part in ("adapter", "reverter"):
-            if not r.children(f"model.args.{t}.{part}"):
-                continue
-            if r.get(f"model.args.{t}.{part}.core_method", "adapterconvnext") != "adapterconvnext":
-                r.refuse(f"model.args.{t}.{part}.core_method", f"{r.get(f'model.args.{t}.{part}.core_method')!r}: "
-                         f"only STAMP's AdapterConvNext is an adapter here")
-            sizes[(t, part)] = _size(r, t)
     needed = [(t, "adapter") for t in senders] + ([(ego, "reverter")] if senders else [])
+    used = []
     for t, part in needed:
-        if (t, part) not in sizes:
+        if not r.children(f"model.args.{t}.{part}"):
             r.refuse(f"model.args.{t}.{part}", f"type {t} needs its {part} in the collaboration of a {ego} ego")
-    used = [sizes[k] for k in needed if k in sizes]
+            continue
+        used.append(collab_part(r, t, part))
     if any(s != used[0] for s in used[1:]):
-        r.refuse(f"model.args.{ego}.reverter.args.submodule_args", f"adapter / reverter sizes differ ({used}); "
-                 f"ours share one size")
-    link = {"type": "stamp_collab", "ego": ego, **(used[0] if used else {}), "kernel_size": 7, "cycle_own": cycle}
+        r.refuse(f"model.args.{ego}.reverter", f"adapter / reverter variants or sizes differ ({used}); ours share "
+                                               f"one")
+    if cycle and used and used[0].get("adapter") in ROW_COUPLED:
+        r.refuse("model.args.stage", f"{stage!r} with {used[0]['adapter']}: the reference adapts the ego's row "
+                 f"with its collaborators' in one attention call; ours adapts the ego's own row apart "
+                 f"(opencood_ext/methods/stamp_collab.py): only stage 'infer' converts with this adapter")
+    link = {"type": "stamp_collab", "ego": ego, **(used[0] if used else {}), "cycle_own": cycle}
     r.approximations.append(("model.args.ego_modality", (
         f"STAMP runs, per sample, the ego's type's own fusion and heads; the converted model is type {ego}'s: "
         f"the other types' fusion and heads are not built (their checkpoint keys are dropped, listed), and a "
@@ -164,6 +212,10 @@ def check_collab(r: HypesReader, model) -> None:
                       (f"model.args.{ego}.anchor_number", model.anchor_gen.num_per_loc)):
         if r.has(key) and not same_value(r.get(key), have):
             r.refuse(key, f"is {r.get(key)} but the converted model gives {have}")
+    rev = model.link.reverter[ego] if ego in model.link.reverter else None
+    if isinstance(rev, AttentionAdapter) and list(rev.feature_shape) != list(model.grid.shape):
+        r.refuse(f"model.args.{ego}.reverter.args.in_feature_shape", f"is {list(rev.feature_shape)} but the "
+                 f"converted model's feature grid is {list(model.grid.shape)} (AdapterAtt's position table)")
     for t in model.encoders:
         for part in ("adapter", "reverter"):
             for io in ("in_channels", "out_channels"):

@@ -28,6 +28,7 @@ from ..models.pointpillars import PointPillarEncoder
 from ..models.pyramid_fusion import PyramidFusion
 from ..models.second import SecondEncoder
 from ..methods.stamp import DomainAdapter
+from ..methods.stamp_adapters import AttentionAdapter, ConvAdapter
 
 # ---------------------------------------------------------------- tensor transforms
 # Each takes (tensor, our module that owns the parameter, direction "ours" | "reference").
@@ -170,6 +171,19 @@ LAYOUTS: Dict[type, Layout] = {
               ("conv.model.{k}.norm.{p}", "blocks.{k}.norm.{p}"), ("conv.model.{k}.pwconv1.{p}", "blocks.{k}.expand.{p}"),
               ("conv.model.{k}.pwconv2.{p}", "blocks.{k}.project.{p}"), ("conv.model.{k}.gamma", "blocks.{k}.gamma")),
         ignored=("smoothing.",)),
+    # STAMP's AdapterConv: one 1x1 conv
+    ConvAdapter: Layout(keys=(("conv.{p}", "conv.{p}"),)),
+    # STAMP's AdapterAtt: channel_convert1, patch_embed, pos_embed, blocks.<k> (feature_alignnet_modules.py AttBlock:
+    # norm1, attn = nn.MultiheadAttention without biases (in_proj_weight, out_proj.weight), norm2, mlp.0 / mlp.3
+    # Linear layers), norm, channel_convert2; the never-applied 3x3 smoothing conv as in AdapterConvNext
+    AttentionAdapter: Layout(
+        keys=(("channel_convert1.{p}", "reduce.{p}"), ("channel_convert2.{p}", "restore.{p}"),
+              ("patch_embed.{p}", "embed.{p}"), ("pos_embed", "position"), ("norm.{p}", "norm.{p}"),
+              ("blocks.{k}.{m:norm1|norm2}.{p}", "blocks.{k}.{m:norm1|norm2}.{p}"),
+              ("blocks.{k}.attn.in_proj_weight", "blocks.{k}.attn.qkv.weight"),
+              ("blocks.{k}.attn.out_proj.weight", "blocks.{k}.attn.out.weight"),
+              ("blocks.{k}.mlp.0.{p}", "blocks.{k}.expand.{p}"), ("blocks.{k}.mlp.3.{p}", "blocks.{k}.project.{p}")),
+        ignored=("smoothing.",)),
     # heter_model_baseline*.py: cls_head, reg_head, dir_head (1x1 convs on the fused feature)
     AnchorHead: Layout(
         keys=(("cls_head.{p}", "cls.{p}"), ("reg_head.{p}", "reg.{p}"), ("dir_head.{p}", "dir.{p}")),
@@ -222,7 +236,8 @@ REFERENCE_MODULES: Tuple[Tuple[str, str], ...] = (
     (r"shrink_conv\.", "shared DownsampleConv after fusion"),
     (r"pyramid_backbone\.", "PyramidFusion (model.fusion: pyramid, fusion_op: pyramid)"),
     (r"aligner_m\d+\.", "HEAL's AlignNet (aligner type convnext)"),
-    (r"(adapter|reverter)_m\d+\.", "STAMP's AdapterConvNext (model.link type stamp or stamp_collab)"),
+    (r"(adapter|reverter)_m\d+\.", "STAMP's AdapterConvNext (model.link type stamp or stamp_collab), AdapterConv "
+                                     "or AdapterAtt (stamp_collab, adapter: adapterconv / adapteratt)"),
     (r"(pyramid_backbone|shrink_conv|cls_head|reg_head|dir_head)_m\d+\.",
      "a STAMP type's own fusion and heads (collab_w_adapter: model.link type stamp_collab)"),
     (r"(compressor|fusion_net)\.", "a module this framework does not have"),

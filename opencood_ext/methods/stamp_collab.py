@@ -31,17 +31,24 @@ feature is fused as ``reverter_E(adapter_t(f))``, like any non-``E`` agent's.
 the protocol type's stack feeds only the alignment loss, and the ``E`` output fuses every agent's
 ``reverter_E(adapter_E(f))``, the ego's too) holds ``E``'s adapter only, sends every feature through
 it and reverts every row, the ego's own included (:meth:`own`).
+
+``adapter`` picks STAMP's variant by its yamls' ``core_method`` (:mod:`.stamp_adapters`): the
+ConvNeXt one, the 1x1 conv or the attention adapter. The attention adapter couples the rows of one
+call (its attention runs across them): as in the reference, an adapter sees every sender of its type
+in the batch at once and the reverter the protocol features of one sending type at a time. Where the
+reference's groups hold the ego's own row too (``cycle_own``, ``ego_of_any_type``), ours adapts the
+ego apart from its collaborators, so those two are refused with the attention adapter.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Literal, Mapping, Tuple
+from typing import Dict, List, Literal, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from ..models.links import LINKS, Arrival
 from ..models.warp import warp_to_ego
-from .stamp import DomainAdapter
+from .stamp_adapters import ROW_COUPLED, AdapterKind, build_adapter
 
 #: reference key prefixes of one type's own fusion and heads in collab_w_adapter
 TYPE_OUTPUT_PARTS = ("pyramid_backbone", "shrink_conv", "cls_head", "reg_head", "dir_head")
@@ -56,13 +63,20 @@ class StampCollabLink(nn.Module):
     reverter's size (STAMP's submodule_args dim / num_of_blocks / kernel_size). cycle_own: the
     adapter-training stages' computation (module docstring). ego_of_any_type: one model for egos of every
     type (module docstring). wire_dtype: payload dtype on the wire.
+    adapter: STAMP's variant (``adapterconvnext``, ``adapterconv``, ``adapteratt``), with its own sizes:
+    ConvNeXt hidden_channels / blocks / kernel_size (defaults 64 / 3 / 7); the 1x1 conv none; attention
+    hidden_channels / blocks (its depth) / num_heads / patch_size (defaults 64 / 3 / 4 / 16) and
+    feature_shape, the feature grid [H, W]. A size the variant does not read must be unset.
     """
 
     kind = "bev"
 
-    def __init__(self, channels: int, agent_types: List[str], lidar_range, ego: str, hidden_channels: int = 64,
-                 blocks: int = 3, kernel_size: int = 7, cycle_own: bool = False, ego_of_any_type: bool = False,
-                 wire_dtype: Literal["float32", "float16", "int8"] = "float32"):
+    def __init__(self, channels: int, agent_types: List[str], lidar_range, ego: str,
+                 hidden_channels: Optional[int] = None, blocks: Optional[int] = None,
+                 kernel_size: Optional[int] = None, cycle_own: bool = False, ego_of_any_type: bool = False,
+                 wire_dtype: Literal["float32", "float16", "int8"] = "float32",
+                 adapter: AdapterKind = "adapterconvnext", num_heads: Optional[int] = None,
+                 patch_size: Optional[int] = None, feature_shape: Optional[List[int]] = None):
         super().__init__()
         if ego not in agent_types:
             raise ValueError(f"model.link.ego {ego!r} must be one of the agent types {list(agent_types)}")
@@ -73,11 +87,17 @@ class StampCollabLink(nn.Module):
         if self.cycle_own and self.ego_of_any_type:
             raise ValueError("model.link: cycle_own and ego_of_any_type are two different reference models; "
                              "set one")
-        size = dict(hidden_channels=hidden_channels, blocks=blocks, kernel_size=kernel_size)
+        if adapter in ROW_COUPLED and (self.cycle_own or self.ego_of_any_type):
+            raise ValueError(f"model.link.adapter {adapter}: its attention couples the rows adapted together and "
+                             f"the reference adapts the ego with its collaborators; here the ego's own row is "
+                             f"adapted apart (cycle_own / ego_of_any_type): not the reference's computation")
+        self.adapter_kind = adapter
+        size = dict(hidden_channels=hidden_channels, blocks=blocks, kernel_size=kernel_size, num_heads=num_heads,
+                    patch_size=patch_size, feature_shape=feature_shape)
         # the adapter stages' agents are all of the ego type (the protocol type's stack feeds only their loss)
         senders = [ego] if self.cycle_own else [t for t in agent_types if t != ego]
-        self.adapter = nn.ModuleDict({t: DomainAdapter(channels, **size) for t in senders})
-        self.reverter = nn.ModuleDict({ego: DomainAdapter(channels, **size)} if senders else {})
+        self.adapter = nn.ModuleDict({t: build_adapter(adapter, channels, **size) for t in senders})
+        self.reverter = nn.ModuleDict({ego: build_adapter(adapter, channels, **size)} if senders else {})
         self.payload_channels = int(channels)
         self.wire_dtype = wire_dtype
 
@@ -107,13 +127,16 @@ class StampCollabLink(nn.Module):
 
     def to_receiver_space(self, payload: Tensor, sender_types: List[str], receiver_types: List[str]) -> Tensor:
         """(n, C, H, W) payloads in their senders' frames -> the receiver's feature space, same frames:
-        protocol messages through the receiver's reverter, the ego type's own features as they are."""
+        protocol messages through the receiver's reverter, one call per sending type (the reference's
+        grouping), the ego type's own features as they are."""
         self._check_receivers(receiver_types)
-        rows = [i for i, s in enumerate(sender_types) if self._adapted(s)]
-        if not rows:
-            return payload
-        idx = torch.as_tensor(rows, device=payload.device)
-        return payload.index_copy(0, idx, self.reverter[self.ego](payload[idx]))
+        out = payload
+        for s in dict.fromkeys(sender_types):
+            if not self._adapted(s):
+                continue
+            idx = torch.as_tensor([i for i, a in enumerate(sender_types) if a == s], device=payload.device)
+            out = out.index_copy(0, idx, self.reverter[self.ego](payload[idx]))
+        return out
 
     def receive(self, payload: Tensor, arrival: Arrival) -> Tensor:
         """Receiver side for fusion methods that fuse ego-frame features: reverted, then warped."""
