@@ -26,7 +26,7 @@ def _restated_pixels(img, resize_dims, crop):
     """PIL resize (its default filter), then the crop box read with zeros outside the image."""
     resized = np.asarray(Image.fromarray(img).resize(resize_dims))
     x0, y0, x1, y1 = crop
-    out = np.zeros((y1 - y0, x1 - x0, 3), np.uint8)
+    out = np.zeros((y1 - y0, x1 - x0, *resized.shape[2:]), np.uint8)
     ys, xs = np.arange(y0, y1), np.arange(x0, x1)
     iy, ix = (ys >= 0) & (ys < resized.shape[0]), (xs >= 0) & (xs < resized.shape[1])
     out[np.ix_(iy, ix)] = resized[np.ix_(ys[iy], xs[ix])]
@@ -87,6 +87,53 @@ def test_no_resampling_case_is_a_pure_shift_and_the_intrinsics_follow_it():
     assert tuple(np.argwhere(out[..., 0] == 255)[0]) == (21, 30)
 
 
+def _restated_depth(depth_png, resize_dims, crop):
+    """The reference's depth: the 8-bit PNG as a PIL image (mode L), ``img_transform``'s resize (PIL's
+    default filter) and crop, then ``img_to_tensor(img) * 255``."""
+    pil = Image.fromarray(depth_png)
+    assert pil.mode == "L"
+    return _restated_pixels(depth_png, resize_dims, crop).astype(np.float32) / np.float32(255.0) * np.float32(255.0)
+
+
+def _depth_image(h, w, seed):
+    """An OPV2V-H-like 8-bit depth image: sky (255) on top, a ground plane whose depth grows toward the
+    horizon, three boxes of constant depth, a few pixels of "no value" (0); whole metres."""
+    rng = np.random.default_rng(seed)
+    rows = np.arange(h, dtype=np.float64)[:, None]
+    d = np.where(rows < h * 0.45, 255.0, np.clip(1.7 * h / np.maximum(rows - h * 0.45, 1.0), 1, 254))
+    d = np.broadcast_to(d, (h, w)).copy()
+    for k in range(3):
+        y, x = int(h * (0.4 + 0.1 * k)), int(w * (0.15 + 0.3 * k))
+        d[y:y + h // 6, x:x + w // 8] = 8 + 9 * k
+    d[rng.integers(0, h, 20), rng.integers(0, w, 20)] = 0
+    return np.rint(d).astype(np.uint8)
+
+
+@pytest.mark.parametrize("hw,final", [((600, 800), (384, 512)), ((90, 200), (64, 96))])
+def test_depth_is_resized_as_the_reference_bicubic_in_8_bits(hw, final):
+    png = _depth_image(*hw, seed=3)
+    crop = reference_image_crop(hw, final)
+    resize, dims, box = _restated_crop(*hw, *final)
+    ours = resize_crop(png.astype(np.float32), crop)  # what the OPV2V reader returns: metres as float32
+    want = _restated_depth(png, dims, box)
+    assert ours.dtype == np.float32 and ours.shape == final
+    np.testing.assert_array_equal(ours, want)
+    # not the nearest values: bicubic blends the depths at the boxes' and the horizon's edges
+    nearest = resize_crop(png.astype(np.float32), crop, resample=Image.Resampling.NEAREST)
+    assert int((nearest != want).sum()) > 0
+    assert np.isin(nearest, np.r_[png.ravel().astype(np.float32), 0.0]).all()
+
+
+def test_a_depth_map_of_finer_values_is_resized_bicubic_unrounded():
+    """A depth the reference cannot read (not whole metres in 0..255): bicubic as a float image."""
+    d = np.random.default_rng(4).uniform(1, 80, (90, 200)).astype(np.float32)
+    crop = reference_image_crop((90, 200), (64, 96))
+    out = resize_crop(d, crop)
+    want = np.asarray(Image.fromarray(d).resize(crop.resized, Image.Resampling.BICUBIC).crop(crop.box))
+    np.testing.assert_array_equal(out, want)
+    assert (out != np.round(out)).any()
+
+
 def test_resize_crop_refuses_other_shapes():
     with pytest.raises(ValueError, match="shape"):
         resize_crop(np.zeros((2, 3, 4, 5), np.uint8), reference_image_crop((3, 4), (2, 2)))
@@ -97,7 +144,7 @@ def _camera_dataset(protocol, depth=False):
     rng = np.random.default_rng(2)
     for c in frame.agents[0].cameras:
         c.image = rng.integers(0, 256, (90, 200, 3), dtype=np.uint8)  # wider than 64 x 96: a centred crop
-        c.depth = rng.uniform(1, 80, (90, 200)).astype(np.float32) if depth else None
+        c.depth = _depth_image(90, 200, seed=c.image[0, 0, 0]).astype(np.float32) if depth else None
     cfg = DataConfig(modality="all:m2", agent_types={"m2": AgentTypeData(sensor="camera", image_size=(64, 96),
                                                                          use_depth=depth)})
     return frame, CooperativeDataset([frame], cfg, {}, train=False, protocol=protocol)
@@ -113,8 +160,8 @@ def test_dataset_reference_camera_input_is_the_crop():
                                    rtol=0, atol=1e-6)
         P = np.array([[resize, 0, -box[0]], [0, resize, -box[1]], [0, 0, 1.0]])
         np.testing.assert_allclose(inp.K[k], P @ cam.K, rtol=1e-6)
-        # depth: the same geometry, nearest values (a value of the original map, or 0 outside)
-        assert inp.depth[k].shape == (64, 96) and np.isin(inp.depth[k], np.r_[cam.depth.ravel(), 0.0]).all()
+        # depth: the same geometry, resized as the reference's 8-bit image (bicubic)
+        np.testing.assert_array_equal(inp.depth[k], _restated_depth(cam.depth.astype(np.uint8), dims, box))
 
 
 def test_dataset_native_camera_input_unchanged():

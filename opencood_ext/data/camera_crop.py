@@ -10,6 +10,10 @@ then ``img_transform``) bring an (H0, W0) image to ``final_dim`` (H, W) without 
   PIL fills the part of the box outside the image with black. For OPV2V (600 x 800) at 384 x 512
   and ``bot_pct_lim`` [0, 0.05] (every GenComm / HEAL yaml): ``r = 0.64``, ``y0 = -10``: ten black
   rows on top, the image's last ten rows cut;
+* the depth image (``use_depth``, training) goes through the same resize and crop: the reference
+  reads OPV2V-H's 8-bit depth PNG as a PIL ``L`` image and resizes it with the default filter,
+  bicubic, in 8 bits (rounded and clipped to 0..255; depths blend across edges, and with the 0 of
+  "no value"), then ``ToTensor() * 255``;
 * no flip, no rotation at test time;
 * the frustum undoes it with ``post_rot = diag(r, r, 1)`` and ``post_tran = (-x0, -y0, 0)``:
   a pixel ``u'`` of the output looks through ``u = (u' - post_tran) / r`` of the original image.
@@ -58,18 +62,26 @@ def reference_image_crop(image_hw: Sequence[int], final_hw: Sequence[int],
 def resize_crop(image: np.ndarray, crop: ImageCrop, resample: Optional[int] = None) -> np.ndarray:
     """(H0, W0, 3) uint8 RGB or (H0, W0) float depth -> the same kind of array of the crop's size.
 
-    resample: PIL filter; None is bicubic for images (the reference's PIL default) and nearest for
-    a 2-D float array (depth values are not blended)."""
+    resample: PIL filter; None is the reference's, PIL's default: bicubic, for images and depth maps
+    alike. A depth map of whole metres in 0..255 (OPV2V-H's 8-bit PNG, as the reader returns it) is
+    resized as the reference's ``L`` image: 8-bit, so every output is rounded and clipped to 0..255;
+    any other depth map (finer or farther values, which the reference cannot read) as a 32-bit float
+    ``F`` image, unrounded. Outside the image the crop box reads 0 ("no value")."""
     arr = np.asarray(image)
     if arr.ndim == 3:
         pil = Image.fromarray(np.ascontiguousarray(arr, dtype=np.uint8))  # RGB
-        filt = Image.Resampling.BICUBIC if resample is None else resample
     elif arr.ndim == 2:
-        pil = Image.fromarray(np.ascontiguousarray(arr, dtype=np.float32))  # mode F
-        filt = Image.Resampling.NEAREST if resample is None else resample
+        whole = np.isfinite(arr).all() and (arr == np.round(arr)).all() and arr.min(initial=0) >= 0 \
+            and arr.max(initial=0) <= 255
+        if whole:  # the reference's 8-bit depth image (mode L)
+            pil = Image.fromarray(np.ascontiguousarray(arr, dtype=np.uint8))
+        else:
+            pil = Image.fromarray(np.ascontiguousarray(arr, dtype=np.float32))  # mode F
     else:
         raise ValueError(f"expected an (H, W, 3) image or an (H, W) depth map, got shape {arr.shape}")
-    return np.asarray(pil.resize(crop.resized, resample=filt).crop(crop.box))
+    filt = Image.Resampling.BICUBIC if resample is None else resample
+    out = np.asarray(pil.resize(crop.resized, resample=filt).crop(crop.box))
+    return out.astype(np.float32) if arr.ndim == 2 else out
 
 
 def post_transform(crop: ImageCrop) -> np.ndarray:
