@@ -230,12 +230,28 @@ def test_a_camera_grid_inside_the_range_is_padded_to_it_after_the_shrink():
     assert out[..., :8, :].abs().sum() == 0 and out[..., :, 24:].abs().sum() == 0
 
 
-def test_a_camera_grid_other_than_the_detection_range_is_refused_for_gencomm(tmp_path):
+def test_a_camera_grid_past_the_detection_range_is_refused_for_gencomm(tmp_path):
     src = (HYPES / "gencomm_stage1_m2_att.yaml").read_text()
-    edited = tmp_path / "m2_48.yaml"
-    edited.write_text(src.replace("xbound: [-51.2, 51.2, 0.4]", "xbound: [-48, 48, 0.4]"))
-    with pytest.raises(HypesError, match=r"heter\.modality_setting\.m2\.grid_conf\.xbound.*message before"):
+    edited = tmp_path / "m2_60.yaml"
+    edited.write_text(src.replace("xbound: [-51.2, 51.2, 0.4]", "xbound: [-60, 60, 0.4]"))
+    with pytest.raises(HypesError, match=r"heter\.modality_setting\.m2\.grid_conf\.xbound.*reaches past.*crop drops"):
         convert_hypes_file(edited, remap_to=tmp_path / "modality.json")
+
+
+def test_a_gencomm_camera_grid_inside_the_range_converts_and_pads_after_the_message(tmp_path):
+    """The reference's stage-2 shape (camera +-51.2 m, range +-102.4 x +-51.2 m): converted, it runs
+    protocol reference, whose GenComm link extracts m4's message before the stack pads the feature."""
+    src = (HYPES / "gencomm_stage1_m4_att.yaml").read_text()
+    wide = src.replace("[-51.2, -51.2, -3, 51.2, 51.2, 1]", "[-102.4, -51.2, -3, 102.4, 51.2, 1]")
+    assert wide != src
+    edited = tmp_path / "m4_wide.yaml"
+    edited.write_text(wide)
+    cfg = convert_hypes_file(edited, remap_to=tmp_path / "modality.json").experiment()
+    assert cfg.protocol == "reference" and cfg.model["agent_types"]["m4"]["encoder"]["xbound"] == [-51.2, 51.2, 0.4]
+    model = build_model(cfg)
+    stack = model.encoders["m4"]
+    assert stack.uncropped == (64, 64) and stack.crop == (64, 128) and model.grid.shape == (64, 128)
+    assert model.link.unpadded == {"m4": (64, 64)}
 
 
 @pytest.mark.parametrize("m", ["m2", "m4"])

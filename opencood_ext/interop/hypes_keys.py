@@ -104,8 +104,8 @@ KEYS: Dict[str, Rule] = {
     "heter.modality_setting.<m>.preprocess.cav_lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
     "heter.modality_setting.<m>.grid_conf.xbound": Mapped(
         "model.agent_types.<m>.encoder.xbound (a camera grid other than the detection range is centre-cropped "
-        "or zero-padded to it after the shrink header, as the reference; refused for GenComm, whose reference "
-        "extracts the message before that)"),
+        "or zero-padded to it after the shrink header, as the reference; for GenComm the message is extracted "
+        "before the pad, as the reference, and a grid past the range, which it would cut, is refused)"),
     "heter.modality_setting.<m>.grid_conf.ybound": Mapped("model.agent_types.<m>.encoder.ybound (as xbound)"),
     "heter.modality_setting.<m>.grid_conf.zbound": Mapped("model.agent_types.<m>.encoder.zbound"),
     "heter.modality_setting.<m>.grid_conf.ddiscr": Mapped("model.agent_types.<m>.encoder.depth_discretization"),
