@@ -6,8 +6,8 @@ feature. A checkpoint in the reference's layout (random weights), imported, give
 head maps of an independent restatement of the reference's order, and the native order's are not
 those (so the test fails if the protocol's gate breaks).
 
-The frame: the real V2XSet scan (ego, LiDAR type m1, as tests/test_reference_e2e.py) and a camera
-collaborator m2 (the reference LSS with its ResNet-101 trunk, two random 48 x 64 images) 8 m away;
+The frame: the real V2XSet scan (LiDAR type m1, as tests/test_reference_e2e.py) and a camera agent m2
+(the reference LSS with its ResNet-101 trunk, two random 48 x 64 images) 8 m away, either the ego;
 the camera grid +-12.8 m, the range +-25.6 x +-12.8 m: the camera feature is padded in x only, as the
 reference's OPV2V stage-2 configs (camera +-51.2 m, range +-102.4 x +-51.2 m).
 """
@@ -77,19 +77,26 @@ def _cameras():
     return CameraInput(torch.randn(1, 2, 3, *HW, generator=g), K.clone(), T.float())
 
 
-def _batch():
-    """One sample: the ego's real scan (m1), then the camera agent (m2)."""
+def _batch(camera_ego=False):
+    """One sample: the real scan's agent (m1) and the camera agent (m2), the ego first (m1 unless camera_ego)."""
     cfg = DataConfig(lidar_range=tuple(RANGE), augment=AugmentConfig(enabled=False), modality="all:m1",
                      agent_types={"m1": AgentTypeData(lidar_beams=64)}, max_agents=1)
     ds = CooperativeDataset(_Reader([_frame()]), cfg, {"m1": VOXEL}, train=False, cooperation="all")
     lb = collate_samples([ds[0]])
-    T_world_ego = lb.T_world_from_agent[0].numpy()
-    T_world_cam = torch.from_numpy(T_world_ego @ pose_to_matrix(OFFSET))
-    return Batch(agent_types=["m1", "m2"], agent_ids=[lb.agent_ids[0], 9000], agents_per_sample=[2],
-                 T_world_from_agent=torch.stack([lb.T_world_from_agent[0], T_world_cam]),
-                 T_ego_from_world=lb.T_ego_from_world, inputs={"m1": lb.inputs["m1"], "m2": _cameras()},
-                 type_index={"m1": torch.tensor([0]), "m2": torch.tensor([1])}, gt_boxes=lb.gt_boxes,
-                 num_points=torch.tensor([int(lb.num_points[0]), 0]), gt_classes=lb.gt_classes,
+    T_lidar = lb.T_world_from_agent[0]
+    T_cam = torch.from_numpy(T_lidar.numpy() @ pose_to_matrix(OFFSET))
+    order = [1, 0] if camera_ego else [0, 1]  # positions of m1, m2
+    poses = [None, None]
+    poses[order[0]], poses[order[1]] = T_lidar, T_cam
+    ids = [None, None]
+    ids[order[0]], ids[order[1]] = lb.agent_ids[0], 9000
+    points = [0, 0]
+    points[order[0]] = int(lb.num_points[0])
+    return Batch(agent_types=["m2", "m1"] if camera_ego else ["m1", "m2"], agent_ids=ids, agents_per_sample=[2],
+                 T_world_from_agent=torch.stack(poses), T_ego_from_world=torch.linalg.inv(poses[0])[None],
+                 inputs={"m1": lb.inputs["m1"], "m2": _cameras()},
+                 type_index={"m1": torch.tensor([order[0]]), "m2": torch.tensor([order[1]])},
+                 gt_boxes=lb.gt_boxes, num_points=torch.tensor(points), gt_classes=lb.gt_classes,
                  agent_times=[0.0, 0.0])
 
 
@@ -124,7 +131,7 @@ def _reference_features(sd, batch):
 
 def _reference(sd, batch, message_before_pad=True):
     """The reference's forward (message_before_pad True; False: the native order restated) -> messages
-    (2, 2, H, W) and the head maps."""
+    (2, 2, H, W) in agent order and the head maps."""
     lidar, camera = _reference_features(sd, batch)
     hw = lidar.shape[-2:]
     # crop_ratio_H / _W: ymax / ybound[1], xmax / xbound[1]; target int(h ratio) x int(w ratio)
@@ -136,8 +143,10 @@ def _reference(sd, batch, message_before_pad=True):
         cam_msg = _torchvision_center_crop(ref.message_extractor(sd, "message_extractor_m2", camera), target)
     else:
         cam_msg = ref.message_extractor(sd, "message_extractor_m2", padded)
-    x = torch.cat([lidar, padded])
-    msgs = torch.cat([ref.message_extractor(sd, "message_extractor_m1", lidar), cam_msg])
+    feats = {"m1": lidar, "m2": padded}
+    messages = {"m1": ref.message_extractor(sd, "message_extractor_m1", lidar), "m2": cam_msg}
+    x = torch.cat([feats[t] for t in batch.agent_types])  # agent order: the ego first
+    msgs = torch.cat([messages[t] for t in batch.agent_types])
     x = ref.enhance(sd, ref.generate(sd, x[:1].expand_as(x), msgs, **UNET))
     x = ref.warp_to_ego(x, batch.T_world_from_agent.float(), RANGE)
     return msgs, ref.heads(sd, ref.att_fusion(x)[None])
@@ -160,9 +169,9 @@ def _map_errors(head, want):
     return [_rel(head.cls, want[0]), _rel(head.reg, want[1][:, hwl]), _rel(head.dir, want[2])]
 
 
-@pytest.fixture(scope="module")
-def setup():
-    sd, batch = _state(), _batch()
+@pytest.fixture(scope="module", params=[False, True], ids=["lidar_ego", "camera_ego"])
+def setup(request):
+    sd, batch = _state(), _batch(camera_ego=request.param)
     with torch.no_grad():
         want = _reference(sd, batch)
         native_order = _reference(sd, batch, message_before_pad=False)
@@ -170,28 +179,31 @@ def setup():
 
 
 def test_the_camera_message_is_extracted_before_the_pad_as_the_reference(no_noise, setup):
+    """As a collaborator's message and as the ego's own (generated into the feature the ego fuses)."""
     sd, batch, (want_msgs, want_maps), (native_msgs, native_maps) = setup
+    cam = batch.agent_types.index("m2")
     model = _model("reference")
     _load(model, sd)
     stack = model.encoders["m2"]
     assert stack.uncropped == (16, 16) and stack.crop == (16, 32) and model.link.unpadded == {"m2": (16, 16)}
     msgs, head = _ours(model, batch)
     assert msgs.shape == want_msgs.shape == (2, 2, 16, 32)
-    assert not want_msgs[1, :, :, :8].any() and not want_msgs[1, :, :, 24:].any()  # zero where padded
+    assert not want_msgs[cam, :, :, :8].any() and not want_msgs[cam, :, :, 24:].any()  # zero where padded
     assert _rel(msgs, want_msgs) < 1e-4
     assert max(_map_errors(head, want_maps)) < 1e-4
     # the native order (the message of the padded feature) is another message and other maps, so the
     # checks above would catch a reference model extracting after the pad
-    assert _rel(native_msgs[1], want_msgs[1]) > 1e-2 and max(_map_errors(head, native_maps)) > 1e-3
+    assert _rel(native_msgs[cam], want_msgs[cam]) > 1e-2 and max(_map_errors(head, native_maps)) > 1e-3
 
 
 def test_native_extracts_the_message_from_the_padded_feature(no_noise, setup):
-    sd, batch, (want_msgs, _), (native_msgs, native_maps) = setup
+    sd, batch, (want_msgs, _), (native_msgs, _) = setup
+    cam = batch.agent_types.index("m2")
     model = _model("native")
     _load(model, sd)
     assert model.link.unpadded == {}
     msgs, _ = _ours(model, batch)
-    assert _rel(msgs[1], native_msgs[1]) < 1e-4 and _rel(msgs[1], want_msgs[1]) > 1e-2
+    assert _rel(msgs[cam], native_msgs[cam]) < 1e-4 and _rel(msgs[cam], want_msgs[cam]) > 1e-2
 
 
 def test_a_camera_grid_past_the_range_is_refused_under_reference():
