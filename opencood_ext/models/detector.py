@@ -181,8 +181,7 @@ class CooperativeDetector(nn.Module):
             if self.method.needs_link else None
         padded = {t: (s.uncropped, s.crop) for t, s in self.encoders.items() if s.crop is not None}
         if self.computation == "reference" and padded and hasattr(self.link, "extract_before_padding"):
-            # the reference GenComm extracts a camera type's message before it pads the feature to the range
-            self.link.extract_before_padding(padded)
+            self.link.extract_before_padding(padded)  # the reference GenComm: a camera's message before its pad
         FUSION_OPS.get_class(fusion_op, "model.fusion_op")
         if not isinstance(fusion_args or {}, dict) or "type" in (fusion_args or {}):
             raise ValueError(f"model.fusion_args: a mapping of model.fusion_op's arguments, without 'type' "
