@@ -36,7 +36,9 @@ IOUS = (0.1, 0.3, 0.5)
 
 
 def _reference_batch(types, modality, rng=e2e.RANGE, voxel=e2e.VOXEL):
-    """The fixture frame (ego and two placed collaborators) read under ``protocol: reference``."""
+    """The fixture frame (ego and two placed collaborators) read under ``protocol: reference``; its scans
+    shuffled as the reference's are (data.shuffle_points' default there, seed 0): both sides of every
+    comparison read this batch's voxels, so they compare like with like."""
     cfg = DataConfig(lidar_range=tuple(rng), augment=AugmentConfig(enabled=False), modality=modality,
                      agent_types={t: AgentTypeData(lidar_beams=64) for t in types}, max_agents=3)
     ds = CooperativeDataset(e2e._Reader([e2e._frame()]), cfg, {t: voxel for t in types}, train=False,

@@ -61,7 +61,9 @@ class DataConfig:
         (GenComm / HEAL ``pcd_utils.py``; it decides the points a voxel past ``max_points_per_voxel``
         keeps and, past ``max_voxels``, the voxels kept). Seeded by (dataset seed, frame index,
         agent id) and, in training, torch's RNG, so an evaluation repeats; the reference's is unseeded.
-        Default False: the file's order.
+        Default None: the protocol's rule, on under ``protocol: reference`` (the reference shuffles
+        every scan; its file order is farther from any reference run than two runs are from each
+        other, docs/protocol.md "point order"), off otherwise (the file's order); true / false win.
     """
 
     def class_table(self) -> Dict[str, int]:
@@ -90,7 +92,7 @@ class DataConfig:
     reader_options: Dict[str, Any] = field(default_factory=dict)
     collaborator_frame: Literal["own", "ego"] = "own"
     cache_dir: Optional[str] = None
-    shuffle_points: bool = False
+    shuffle_points: Optional[bool] = None
 
     def __post_init__(self):
         if not self.comm_range > 0:  # also refuses NaN

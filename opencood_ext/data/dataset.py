@@ -27,7 +27,8 @@ twice.
 ``protocol="reference"`` follows the GenComm reference / HEAL datasets instead
 (:mod:`~opencood_ext.data.reference`): their agent order and selection (the first
 ``max_agents`` agents before the range check), ground truth from the selected agents'
-labels only, each agent's own-vehicle points removed, and camera images resized keeping
+labels only, each agent's own-vehicle points removed, each LiDAR scan shuffled before
+voxelising (unless ``data.shuffle_points`` says false), and camera images resized keeping
 their aspect then cropped (:mod:`~opencood_ext.data.camera_crop`).
 
 Data faults (an agent missing inside its recording span, a stray timestamp,
@@ -103,6 +104,8 @@ class CooperativeDataset(Dataset):
         if protocol not in ("native", "reference"):
             raise ValueError(f"protocol must be 'native' or 'reference', got {protocol!r}")
         self.protocol = protocol
+        # data.shuffle_points None: the protocol's rule (the reference shuffles every scan)
+        self.shuffle_points = (protocol == "reference") if cfg.shuffle_points is None else bool(cfg.shuffle_points)
         self.reader = reader
         self.cfg = cfg
         if cfg.strict:
@@ -356,7 +359,7 @@ class CooperativeDataset(Dataset):
                     continue  # a camera agent has no points to send
                 pts = np.asarray(self.lidar_points(a, spec.lidar_beams, frame if ts == times[0] else None),
                                  dtype=np.float32)
-                if self.cfg.shuffle_points:
+                if self.shuffle_points:
                     pts = pts[self._shuffle_rng(index, a.agent_id).permutation(len(pts))]
                 if a is ego and not np.allclose(A, np.eye(4)):
                     pts, pose = transform_points(A, pts).astype(np.float32), T_world_from_augego
@@ -384,7 +387,7 @@ class CooperativeDataset(Dataset):
                     if t not in self.voxelizers:
                         raise ValueError(f"agent {a.agent_id} is of type {t}, for which the model has no "
                                          f"LiDAR encoder; model LiDAR types: {sorted(self.voxelizers)}")
-                    if self.cfg.shuffle_points:
+                    if self.shuffle_points:
                         pts = pts[self._shuffle_rng(index, a.agent_id).permutation(len(pts))]
                     item.voxels = self.voxelizers[t](pts)
                     item.num_points = len(pts)
