@@ -171,6 +171,19 @@ def _budget(values: Sequence[Optional[float]], fmt: str) -> str:
     return format(v[0], fmt) if len(set(v)) == 1 else " / ".join(format(x, fmt) for x in v)
 
 
+def main_budget_section(group: Group) -> List[str]:
+    """What each main-table row trained: optimizer steps, training wall time and trainable parameters
+    (per seed when they differ)."""
+    methods = _common(group.archives, lambda a: [r.method for r in a.rows])
+    lines = ["", "What each main-table row trained (per seed when the seeds differ):", "",
+             "| method | optimizer steps | training wall time (s) | trainable params |", "|---|---|---|---|"]
+    for m in methods:
+        rows = [a.row(m) for a in group.archives]
+        lines.append(f"| {m} | {_budget([r.optimizer_steps for r in rows], 'd')} | "
+                     f"{_budget([r.train_wall_s for r in rows], '.0f')} | {_budget([r.trainable_params for r in rows], ',d')} |")
+    return lines
+
+
 def bench_section(group: Group, resamples: int) -> List[str]:
     """The benchmark over seeds: AP per growing alliance (mean ± std), the budget, and paired
     differences against GenComm at the ego's alliance alone and at the full one."""
@@ -303,6 +316,7 @@ def report(groups: Sequence[Group], found: Sequence[dict], resamples: int) -> st
         lines += ["", f"### Main table ({g.protocol}): the LiDAR pair m1 + m3"]
         lines += [ln.replace("## Run-to-run spread over training seeds", "#### Spread over training seeds")
                   for ln in seed_section(g.archives, resamples)]
+        lines += main_budget_section(g)
         lines += bench_section(g, resamples)
         lines += checks_section([c for c in found if c["protocol"] == g.protocol])
         lines += family_section(g, resamples)

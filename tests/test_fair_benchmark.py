@@ -111,6 +111,7 @@ def test_fair_benchmark_rows_checks_and_report(tmp_path):
     assert "Significant in every seed: BackAlign (m3 onboarded) below GenComm ({m1}, AP@0.5)" in report
     assert "| BackAlign (m3 onboarded) minus No fusion (m1 stage-1 model) | benchmark, ego alliance alone | -0.300" in report
     assert "#### Spread over training seeds" in report  # the main table's spread (experiments.seeds)
+    assert "| Intermediate (full feature) | 576 | 10 | 100 |" in report  # what each main row trained
     # per family (full alliance): BackAlign hits scenes 0-4, the junctions: road AP 0 in every seed
     fam = next(ln for ln in report.splitlines() if ln.startswith("| benchmark | BackAlign"))
     assert re.search(r"\| benchmark \| BackAlign \(m3 onboarded\) \| 1\.000 ± 0\.000 \| .* \| 0\.000 ± 0\.000 \|", fam)
