@@ -29,7 +29,7 @@ from opencood_ext.interop import HypesError, convert_hypes_file
 from opencood_ext.interop.weights import import_reference_state
 from opencood_ext.models.detector import CooperativeDetector
 from reference_keys import bn, pillar_vfe
-from test_pyramid_fusion import FUSION, _bn_eval, _heal_levels, _heal_weighted_fuse, heal_state
+from test_pyramid_fusion import FUSION, _bn_eval, _heal_levels, _heal_weighted_fuse, heal_state, heal_upsample_shrink
 import test_reference_e2e as e2e
 from test_reference_e2e import RANGE, VOXEL, _batch, _checkpoint
 
@@ -197,13 +197,7 @@ def _stamp_detect(sd, x, batch, order, ego):
     for i, f in enumerate(_heal_levels(x, own)):
         o = F.conv2d(f, own[f"pyramid_backbone.single_head_{i}.weight"], own[f"pyramid_backbone.single_head_{i}.bias"])
         fused.append(_heal_weighted_fuse(f, torch.sigmoid(o) + 1e-4, [len(order)], affine))
-    ups = [F.relu(_bn_eval(F.conv_transpose2d(f, own[f"pyramid_backbone.deblocks.{i}.0.weight"],
-                                              stride=FUSION["upsample_strides"][i]),
-                           own, f"pyramid_backbone.deblocks.{i}.1.", 1e-3)) for i, f in enumerate(fused)]
-    y = torch.cat(ups, 1)
-    for k in (0, 2):
-        y = F.relu(F.conv2d(y, own[f"shrink_conv.layers.0.double_conv.{k}.weight"],
-                            own[f"shrink_conv.layers.0.double_conv.{k}.bias"], padding=1))
+    y = heal_upsample_shrink(fused, own)
     return tuple(F.conv2d(y, own[f"{h}_head.weight"], own[f"{h}_head.bias"]) for h in ("cls", "reg", "dir"))
 
 

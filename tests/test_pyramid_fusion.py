@@ -200,15 +200,21 @@ def test_a_sample_alone_is_heal_forward_single():
     x = torch.randn(1, C, 16, 32, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         ours, _ = model.fuse.collab(x, [1], torch.eye(4)[None], RANGE)
-        levels = _heal_levels(x, ref)
-        ups = [F.relu(_bn_eval(F.conv_transpose2d(f, ref[f"pyramid_backbone.deblocks.{i}.0.weight"],
-                                                  stride=FUSION["upsample_strides"][i]),
-                               ref, f"pyramid_backbone.deblocks.{i}.1.", 1e-3)) for i, f in enumerate(levels)]
+        y = heal_upsample_shrink(_heal_levels(x, ref), ref)
+    torch.testing.assert_close(ours, y, rtol=0, atol=1e-5 * float(y.abs().max()))
+
+
+def heal_upsample_shrink(levels, sd):
+    """HEAL's pyramid decoding of the (fused) levels: each level's deblock (transposed conv, BN, ReLU),
+    concatenated, then the DownsampleConv ``shrink_conv`` (two 3x3 conv + ReLU)."""
+    ups = [F.relu(_bn_eval(F.conv_transpose2d(f, sd[f"pyramid_backbone.deblocks.{i}.0.weight"],
+                                              stride=FUSION["upsample_strides"][i]),
+                           sd, f"pyramid_backbone.deblocks.{i}.1.", 1e-3)) for i, f in enumerate(levels)]
     y = torch.cat(ups, 1)
     for k in (0, 2):
-        y = F.relu(F.conv2d(y, ref[f"shrink_conv.layers.0.double_conv.{k}.weight"],
-                            ref[f"shrink_conv.layers.0.double_conv.{k}.bias"], padding=1))
-    torch.testing.assert_close(ours, y, rtol=0, atol=1e-5 * float(y.abs().max()))
+        y = F.relu(F.conv2d(y, sd[f"shrink_conv.layers.0.double_conv.{k}.weight"],
+                            sd[f"shrink_conv.layers.0.double_conv.{k}.bias"], padding=1))
+    return y
 
 
 def test_heal_m1_base_widths_import_whole():
