@@ -30,7 +30,7 @@ import numpy as np
 from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap, paired_difference, pooled_paired_difference
 
 from .results import ArchivedEval
-from .seeds import SeedArchive, load_archive, load_archives, seed_section
+from .seeds import SeedArchive, _cell, _mean_std, load_archive, load_archives, seed_section
 
 SHOWN = ("0.5", "0.7")
 REFERENCE = "GenComm"
@@ -143,16 +143,14 @@ def diff_cell(per_seed, pooled, thr: str) -> str:
     """``+0.021 [+0.00, +0.04]; +0.030*, +0.010, +0.022*``: pooled with its interval, bold when it
     excludes 0, then each seed (* when that seed's interval excludes 0)."""
     k = _k(pooled, thr)
-    d, lo, hi = pooled.diff["global"][k], pooled.lo["global"][k], pooled.hi["global"][k]
-    text = f"{d:+.3f} [{lo:+.2f}, {hi:+.2f}]"
-    text = f"**{text}**" if pooled.significant("global")[k] else text
+    text = _cell(pooled.diff["global"][k], pooled.lo["global"][k], pooled.hi["global"][k],
+                 bool(pooled.significant("global")[k]))
     return text + "; " + ", ".join(f"{p.diff['global'][_k(p, thr)]:+.3f}" + ("*" if p.significant("global")[_k(p, thr)]
                                                                            else "") for p in per_seed)
 
 
-def _mean_std(values: Sequence[float]) -> str:
-    v = np.asarray(values, dtype=float)
-    return f"{v.mean():.3f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.3f}"
+def _mean_std_text(values: Sequence[float]) -> str:
+    return "{:.3f} ± {:.3f}".format(*_mean_std(values))
 
 
 def _common(archives: Sequence[SeedArchive], names: Callable[[SeedArchive], List[str]]) -> List[str]:
@@ -202,8 +200,8 @@ def bench_section(group: Group, resamples: int) -> List[str]:
              "|---|" + "---|" * (len(head) + 4)]
     for m in methods:
         rows = [a.bench_row(m) for a in arcs]
-        cells = [_mean_std([r.alliances[k].eval.ap["global"]["0.5"] for r in rows]) for k in range(len(types))]
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {_mean_std([r.alliances[-1].eval.ap['global']['0.7'] for r in rows])}"
+        cells = [_mean_std_text([r.alliances[k].eval.ap["global"]["0.5"] for r in rows]) for k in range(len(types))]
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {_mean_std_text([r.alliances[-1].eval.ap['global']['0.7'] for r in rows])}"
                      f" | {_budget([r.optimizer_steps for r in rows], 'd')} | {_budget([r.train_wall_s for r in rows], '.0f')}"
                      f" | {_budget([r.trainable_params for r in rows], ',d')} |")
     ref = next((m for m in methods if m.startswith(REFERENCE)), None)
@@ -292,7 +290,7 @@ def family_section(group: Group, resamples: int) -> List[str]:
             for a in group.archives:
                 part = get(a).subset(parts[f])
                 aps.append(float(bootstrap_ap(part, 1).ap["global"][_k(part, "0.5")]))
-            cells.append(_mean_std(aps))
+            cells.append(_mean_std_text(aps))
             ref = refs[table]
             if ref is None or ref == m:
                 cells.append("-")

@@ -312,13 +312,12 @@ class ArchivedEval:
     @classmethod
     def from_dict(cls, doc, where: str, source: str) -> "ArchivedEval":
         """``doc``: an object (the caller checked it); ``where``: its place in the file (``rows[2].eval.``)."""
-        ev = doc
-        _unknown(ev, [f.name for f in dataclasses.fields(cls)], where, source)
-        return cls(ap=_check(ev, where, "ap", (dict,), True, source),
-                   frames=_check(ev, where, "frames", (str,), True, source),
-                   ap_ci=_check(ev, where, "ap_ci", (dict,), False, source),
-                   bytes_per_message=_check(ev, where, "bytes_per_message", (float,), False, source),
-                   recall_by_visibility=_check(ev, where, "recall_by_visibility", (dict,), False, source))
+        _unknown(doc, [f.name for f in dataclasses.fields(cls)], where, source)
+        return cls(ap=_check(doc, where, "ap", (dict,), True, source),
+                   frames=_check(doc, where, "frames", (str,), True, source),
+                   ap_ci=_check(doc, where, "ap_ci", (dict,), False, source),
+                   bytes_per_message=_check(doc, where, "bytes_per_message", (float,), False, source),
+                   recall_by_visibility=_check(doc, where, "recall_by_visibility", (dict,), False, source))
 
 
 # what a version-2 archive row states about its run (issue 31); absent in version-1 archives
