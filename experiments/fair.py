@@ -30,7 +30,7 @@ import numpy as np
 from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap, paired_difference, pooled_paired_difference
 
 from .results import ArchivedEval
-from .seeds import SeedArchive, _cell, _mean_std, load_archive, load_archives, seed_section
+from .seeds import SeedArchive, _cell, _k, _mean_std, holds_every_seed, load_archive, load_archives, seed_section
 
 SHOWN = ("0.5", "0.7")
 REFERENCE = "GenComm"
@@ -125,18 +125,6 @@ def compare(group: Group, a: Getter, b: Getter, resamples: int, scenes: Optional
             x, y = x.subset(scenes), y.subset(scenes)
         pairs.append((x, y))
     return [paired_difference(x, y, resamples) for x, y in pairs], pooled_paired_difference(pairs, resamples)
-
-
-def _k(d, thr: str) -> int:
-    return [f"{t:g}" for t in d.thresholds].index(f"{float(thr):g}")
-
-
-def holds_every_seed(per_seed, pooled, thr: str) -> bool:
-    """Every seed's interval excludes 0 with the pooled difference's sign."""
-    k = _k(pooled, thr)
-    sign = np.sign(pooled.diff["global"][k])
-    return bool(sign != 0 and all(p.significant("global")[k] and np.sign(p.diff["global"][k]) == sign
-                                  for p in per_seed))
 
 
 def diff_cell(per_seed, pooled, thr: str) -> str:

@@ -241,6 +241,18 @@ def _cell(diff: float, lo: float, hi: float, bold: bool) -> str:
     return f"**{text}**" if bold else text
 
 
+def _k(d, thr: str) -> int:
+    return [f"{t:g}" for t in d.thresholds].index(f"{float(thr):g}")
+
+
+def holds_every_seed(per_seed, pooled, thr: str) -> bool:
+    """Every seed's interval excludes 0 with the pooled difference's sign."""
+    k = _k(pooled, thr)
+    sign = np.sign(pooled.diff["global"][k])
+    return bool(sign != 0 and all(p.significant("global")[k] and np.sign(p.diff["global"][k]) == sign
+                                  for p in per_seed))
+
+
 def _paired(archives, a_rows, b_rows, a_key="eval", b_key="eval", resamples=1000):
     """Per seed and pooled paired differences of rows a minus rows b (global order)."""
     pairs = [(arc.records(ra, a_key), arc.records(rb, b_key)) for arc, ra, rb in zip(archives, a_rows, b_rows)]
@@ -289,8 +301,7 @@ def seed_section(archives: Sequence[SeedArchive], resamples: int = 1000) -> List
                                        resamples=resamples)
             for k, t in enumerate(THRESHOLDS):
                 d, sig = pooled.diff["global"][k], bool(pooled.significant("global")[k])
-                every = all(p.significant("global")[k] and np.sign(p.diff["global"][k]) == np.sign(d)
-                            for p in per_seed)
+                every = holds_every_seed(per_seed, pooled, t)
                 claim = f"{m} {'above' if d > 0 else 'below'} {ref.split(' (')[0]} at AP@{t}"
                 verdicts["every" if every else "pooled" if sig else "no"].append(claim)
             lines.append(f"| {m} | " + " | ".join(_paired_cells(per_seed, pooled)) + " |")

@@ -276,3 +276,21 @@ def test_separate_test_set_is_simulated_from_scenes_the_dataset_never_draws(tmp_
     assert "--no_cameras" not in ran[-1] and ran[-1].value("--camera_size") == "400x300"
     no_split = dataclasses.replace(lidar_pair, test_scenes=0)
     assert pipeline.simulate_test_set(tmp_path / "sim", no_split, seed=3) is None and len(ran) == 2
+
+
+def _pd(diff, lo, hi):
+    from opencood_ext.eval.bootstrap import PairedDifference
+    a = lambda v: {"global": np.array([v])}  # noqa: E731
+    return PairedDifference(thresholds=(0.5,), diff=a(diff), lo=a(lo), hi=a(hi), num_scenes=10, resamples=100, seed=0)
+
+
+def test_holds_every_seed_needs_every_seed_significant_with_the_pooled_sign():
+    """The one verdict rule the seed report and the fair benchmark share."""
+    from experiments.seeds import holds_every_seed
+    up, down, unsure = _pd(0.1, 0.05, 0.15), _pd(-0.1, -0.15, -0.05), _pd(0.02, -0.01, 0.05)
+    assert holds_every_seed([up, up, up], _pd(0.1, 0.07, 0.13), "0.5")
+    assert holds_every_seed([down, down], _pd(-0.1, -0.12, -0.08), 0.5)
+    assert not holds_every_seed([up, unsure, up], _pd(0.07, 0.03, 0.11), "0.5")  # one seed unsure
+    assert not holds_every_seed([up, down], _pd(0.0, -0.05, 0.05), "0.5")  # signs disagree, pooled 0
+    assert not holds_every_seed([up, up], _pd(-0.01, -0.02, -0.005), "0.5")  # against the pooled sign
+    assert not holds_every_seed([], _pd(0.0, 0.0, 0.0), "0.5")
