@@ -9,7 +9,8 @@ writes ``<dest>/<protocol>/seed<s>/`` (copies of the archives), ``<dest>/results
 ``eval`` (``ap``, ``ap_ci``, ``bytes_per_message``; a benchmark row's is its full alliance's, and its
 ``alliances`` give every growing alliance), plus ``checks``: the issue's two acceptance comparisons
 (full-feature intermediate against no fusion; every competitor's {m1} against no fusion's), each
-pooled over seeds with its interval and per seed.
+pooled over seeds with its interval and per seed, and ``camera``: what each camera type adds to each
+method, with the selected weights and at every scored onboarding epoch (:mod:`experiments.fair_camera`).
 
 Statistics: the mean and sample standard deviation of AP over seeds (the run-to-run spread), and
 paired differences against GenComm (or the check's reference) on the same test frames: per seed and
@@ -21,54 +22,16 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import List, Sequence
 
-import numpy as np
+from opencood_ext.eval.bootstrap import bootstrap_ap
 
-from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap, paired_difference, pooled_paired_difference
-
+from .fair_camera import camera_json, camera_section
+from .fair_stats import (FULL_FEATURE, NO_FUSION, NOT_ONBOARDING, REFERENCE, Group, _budget, _common, _mean_std_text,
+                         bench_getter, bench_methods, compare, diff_cell, diff_json, group_by_protocol, main_getter, protocol_of)
 from .results import ArchivedEval
-from .seeds import SeedArchive, _cell, _k, _mean_std, holds_every_seed, load_archive, load_archives, seed_section
-
-SHOWN = ("0.5", "0.7")
-REFERENCE = "GenComm"
-NO_FUSION = "No fusion"
-FULL_FEATURE = "Intermediate (full feature)"
-# the rows that are no onboarding method: what the competitors' {m1} is held against
-NOT_ONBOARDING = (NO_FUSION, "Late fusion")
-
-
-@dataclass
-class Group:
-    """The seed archives of one protocol (same profile, data seed and test frames)."""
-
-    protocol: str
-    archives: List[SeedArchive]
-
-    @property
-    def seeds(self) -> List[int]:
-        return [a.seed for a in self.archives]
-
-
-def protocol_of(archive: SeedArchive) -> str:
-    """The one protocol every row of ``archive`` states; ValueError naming the file otherwise."""
-    found = {r.protocol for r in [*archive.rows, *archive.benchmark]}
-    if None in found:
-        raise ValueError(f"{archive.folder / 'rows.json'}: a row has no field 'protocol' (a version-1 archive: "
-                         "archive the run again with gencomm-seed-report archive)")
-    if len(found) != 1:
-        raise ValueError(f"{archive.folder / 'rows.json'}: rows of several protocols ({', '.join(sorted(found))})")
-    return found.pop()
-
-
-def group_by_protocol(folders: Sequence) -> List[Group]:
-    """The archives at ``folders`` grouped by protocol, each group checked as one experiment."""
-    by: Dict[str, List[Path]] = {}
-    for f in folders:
-        by.setdefault(protocol_of(load_archive(f)), []).append(Path(f))
-    return [Group(p, load_archives(fs)) for p, fs in sorted(by.items(), key=lambda kv: kv[0] != "equalized")]
+from .seeds import _k, holds_every_seed, load_archive, seed_section
 
 
 def _eval_json(ev: ArchivedEval, where: str) -> dict:
@@ -93,68 +56,6 @@ def flat_rows(group: Group) -> List[dict]:
                         "onboard_method": b.onboard_method, "eval": _eval_json(b.alliances[-1].eval, where),
                         "alliances": [{"types": x.types, **_eval_json(x.eval, where)} for x in b.alliances]})
     return out
-
-
-Getter = Callable[[SeedArchive], Optional[FrameRecords]]
-
-
-def main_getter(method: str, key: str = "eval") -> Getter:
-    def get(a: SeedArchive):
-        r = a.row(method)
-        return None if r is None else a.records(r, key)
-    return get
-
-
-def bench_getter(method: str, alliance: Optional[int] = None) -> Getter:
-    """Records of benchmark row ``method``'s alliance number ``alliance`` (None: the full one)."""
-    def get(a: SeedArchive):
-        r = a.bench_row(method)
-        return None if r is None else a.load(r.alliances[-1 if alliance is None else alliance].eval)
-    return get
-
-
-def compare(group: Group, a: Getter, b: Getter, resamples: int, scenes: Optional[Sequence[str]] = None):
-    """(per-seed differences, pooled difference) of ``a`` minus ``b`` over the group's seeds, on the test
-    scenes ``scenes`` only when given; None when a seed lacks either side."""
-    pairs = []
-    for arc in group.archives:
-        x, y = a(arc), b(arc)
-        if x is None or y is None:
-            return None
-        if scenes is not None:
-            x, y = x.subset(scenes), y.subset(scenes)
-        pairs.append((x, y))
-    return [paired_difference(x, y, resamples) for x, y in pairs], pooled_paired_difference(pairs, resamples)
-
-
-def diff_cell(per_seed, pooled, thr: str) -> str:
-    """``+0.021 [+0.00, +0.04]; +0.030*, +0.010, +0.022*``: pooled with its interval, bold when it
-    excludes 0, then each seed (* when that seed's interval excludes 0)."""
-    k = _k(pooled, thr)
-    text = _cell(pooled.diff["global"][k], pooled.lo["global"][k], pooled.hi["global"][k],
-                 bool(pooled.significant("global")[k]))
-    return text + "; " + ", ".join(f"{p.diff['global'][_k(p, thr)]:+.3f}" + ("*" if p.significant("global")[_k(p, thr)]
-                                                                           else "") for p in per_seed)
-
-
-def _mean_std_text(values: Sequence[float]) -> str:
-    return "{:.3f} ± {:.3f}".format(*_mean_std(values))
-
-
-def _common(archives: Sequence[SeedArchive], names: Callable[[SeedArchive], List[str]]) -> List[str]:
-    """Names present in every archive, in the first one's order."""
-    return [m for m in names(archives[0]) if all(m in names(a) for a in archives[1:])]
-
-
-def bench_methods(group: Group) -> List[str]:
-    return _common(group.archives, lambda a: [r.method for r in a.benchmark])
-
-
-def _budget(values: Sequence[Optional[float]], fmt: str) -> str:
-    v = [x for x in values if x is not None]
-    if not v:
-        return "-"
-    return format(v[0], fmt) if len(set(v)) == 1 else " / ".join(format(x, fmt) for x in v)
 
 
 def main_budget_section(group: Group) -> List[str]:
@@ -227,14 +128,11 @@ def checks(group: Group, resamples: int) -> List[dict]:
         if res is None:
             continue
         per_seed, pooled = res
-        k = _k(pooled, "0.5")
-        out.append({"protocol": group.protocol, "what": f"{a} minus {b}", "where": where, "threshold": "0.5",
-                    "pooled": {"diff": float(pooled.diff["global"][k]),
-                               "ci": [float(pooled.lo["global"][k]), float(pooled.hi["global"][k])]},
-                    "per_seed": {str(s): {"diff": float(p.diff["global"][k]), "significant": bool(p.significant("global")[k])}
-                                 for s, p in zip(group.seeds, per_seed)},
-                    "at_least": bool(pooled.diff["global"][k] >= 0 and all(p.diff["global"][k] >= 0 for p in per_seed)),
-                    "above_every_seed": holds_every_seed(per_seed, pooled, "0.5") and pooled.diff["global"][k] > 0})
+        found = diff_json(group, per_seed, pooled, "0.5")
+        diff = found["pooled"]["diff"]
+        out.append({"protocol": group.protocol, "what": f"{a} minus {b}", "where": where, **found,
+                    "at_least": bool(diff >= 0 and all(v["diff"] >= 0 for v in found["per_seed"].values())),
+                    "above_every_seed": found["significant_every_seed"] and diff > 0})
     return out
 
 
@@ -289,7 +187,7 @@ def family_section(group: Group, resamples: int) -> List[str]:
     return lines
 
 
-def report(groups: Sequence[Group], found: Sequence[dict], resamples: int) -> str:
+def report(groups: Sequence[Group], found: Sequence[dict], camera: Sequence[dict], resamples: int) -> str:
     lines = ["# Fair benchmark", "",
              "Generated by `python tools/fair_benchmark.py` from the seed archives beside this file "
              "(experiments/fair.py says how every figure is computed)."]
@@ -305,6 +203,7 @@ def report(groups: Sequence[Group], found: Sequence[dict], resamples: int) -> st
         lines += main_budget_section(g)
         lines += bench_section(g, resamples)
         lines += checks_section([c for c in found if c["protocol"] == g.protocol])
+        lines += camera_section(g, [c for c in camera if c["protocol"] == g.protocol])
         lines += family_section(g, resamples)
     return "\n".join(lines) + "\n"
 
@@ -326,14 +225,16 @@ def write_fair_benchmark(folders: Sequence, dest: Path, resamples: int = 1000) -
         placed.append(target)
     groups = group_by_protocol(placed)
     found = [c for g in groups for c in checks(g, resamples)]
+    camera = [c for g in groups for c in camera_json(g, resamples)]
     doc = {"groups": [{"protocol": g.protocol, "seeds": g.seeds,
                        "archives": [{"seed": a.seed, "commit": a.meta.get("commit"), "command": a.meta.get("command"),
                                      "profile": a.meta.get("profile"), "data_seed": a.meta.get("data_seed")}
                                     for a in g.archives]} for g in groups],
-           "rows": [r for g in groups for r in flat_rows(g)], "checks": found, "resamples": resamples}
+           "rows": [r for g in groups for r in flat_rows(g)], "checks": found, "camera": camera,
+           "resamples": resamples}
     (dest / "results.json").write_text(json.dumps(doc, indent=2))
     path = dest / "REPORT.md"
-    path.write_text(report(groups, found, resamples))
+    path.write_text(report(groups, found, camera, resamples))
     return path
 
 

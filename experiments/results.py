@@ -373,10 +373,31 @@ class ArchivedAlliance:
     eval: ArchivedEval
 
 
+def _alliances(items, where: str, source: str) -> List[ArchivedAlliance]:
+    """A list of ``{"types": [...], "eval": {...}}`` at ``where`` (``benchmark[0].alliances``), non-empty."""
+    if not isinstance(items, list):
+        raise ResultsError(f"{source}: field {where} must be a list")
+    out = []
+    for k, a in enumerate(items):
+        inner = f"{where}[{k}]."
+        if not isinstance(a, dict):
+            raise ResultsError(f"{source}: field {inner.rstrip('.')} must be an object")
+        types = _check(a, inner, "types", (list,), True, source)
+        if not types or not all(isinstance(t, str) for t in types):
+            raise ResultsError(f"{source}: field {inner}types must be a non-empty list of type names")
+        out.append(ArchivedAlliance(types, ArchivedEval.from_dict(_check(a, inner, "eval", (dict,), True, source),
+                                                                  f"{inner}eval.", source)))
+    if not out:
+        raise ResultsError(f"{source}: field {where} is empty")
+    return out
+
+
 @dataclass
 class ArchivedBenchmarkRow:
     """One heterogeneous-benchmark row of a seed archive (version 2): its evaluation per growing
-    alliance (``alliances``, the last the full one), with what it trained and how long."""
+    alliance (``alliances``, the last the full one), with what it trained and how long. ``epochs``:
+    when the job scored the onboarding's kept epochs (``--score_epochs``), each epoch's alliances
+    ({epoch: alliances}); ``best_epoch``: the epoch the selected weights (``alliances``) are from."""
 
     method: str
     alliances: List[ArchivedAlliance]
@@ -386,33 +407,39 @@ class ArchivedBenchmarkRow:
     protocol: Optional[str] = None
     training_seed: Optional[int] = None
     optimizer_steps: Optional[int] = None
+    epochs: Dict[int, List[ArchivedAlliance]] = dataclasses.field(default_factory=dict)
+    best_epoch: Optional[int] = None
 
-    def alliance(self, types: Sequence[str]) -> Optional[ArchivedAlliance]:
-        return next((a for a in self.alliances if a.types == list(types)), None)
+    def alliance(self, types: Sequence[str], epoch: Optional[int] = None) -> Optional[ArchivedAlliance]:
+        """The evaluation of alliance ``types`` with the selected weights, or epoch ``epoch``'s."""
+        found = self.alliances if epoch is None else self.epochs.get(epoch, [])
+        return next((a for a in found if a.types == list(types)), None)
 
     def to_dict(self) -> dict:
-        return {"method": self.method, "onboard_method": self.onboard_method,
-                "trainable_params": self.trainable_params, "train_wall_s": self.train_wall_s, **_facts_dict(self),
-                "alliances": [{"types": a.types, "eval": a.eval.to_dict()} for a in self.alliances]}
+        doc = {"method": self.method, "onboard_method": self.onboard_method,
+               "trainable_params": self.trainable_params, "train_wall_s": self.train_wall_s, **_facts_dict(self),
+               "alliances": [{"types": a.types, "eval": a.eval.to_dict()} for a in self.alliances]}
+        if self.epochs:
+            doc["epochs"] = {str(n): [{"types": a.types, "eval": a.eval.to_dict()} for a in found]
+                             for n, found in sorted(self.epochs.items())}
+        if self.best_epoch is not None:
+            doc["best_epoch"] = self.best_epoch
+        return doc
 
     @classmethod
     def from_dict(cls, doc, where: str, source: str) -> "ArchivedBenchmarkRow":
         if not isinstance(doc, dict):
             raise ResultsError(f"{source}: field {where.rstrip('.')} must be an object")
-        alliances = []
-        for k, a in enumerate(_check(doc, where, "alliances", (list,), True, source)):
-            inner = f"{where}alliances[{k}]."
-            if not isinstance(a, dict):
-                raise ResultsError(f"{source}: field {inner.rstrip('.')} must be an object")
-            types = _check(a, inner, "types", (list,), True, source)
-            if not types or not all(isinstance(t, str) for t in types):
-                raise ResultsError(f"{source}: field {inner}types must be a non-empty list of type names")
-            alliances.append(ArchivedAlliance(types, ArchivedEval.from_dict(_check(a, inner, "eval", (dict,), True,
-                                                                                   source), f"{inner}eval.", source)))
-        if not alliances:
-            raise ResultsError(f"{source}: field {where}alliances is empty")
-        return cls(method=_check(doc, where, "method", (str,), True, source), alliances=alliances,
+        epochs = {}
+        for n, found in (_check(doc, where, "epochs", (dict,), False, source) or {}).items():
+            if not n.isdigit():
+                raise ResultsError(f"{source}: field {where}epochs has key {n!r}, not an epoch number")
+            epochs[int(n)] = _alliances(found, f"{where}epochs.{n}", source)
+        return cls(method=_check(doc, where, "method", (str,), True, source),
+                   alliances=_alliances(_check(doc, where, "alliances", (list,), True, source), f"{where}alliances",
+                                        source),
                    onboard_method=_check(doc, where, "onboard_method", (str,), False, source),
                    trainable_params=_check(doc, where, "trainable_params", (int,), False, source),
                    train_wall_s=_check(doc, where, "train_wall_s", (float,), False, source),
+                   epochs=epochs, best_epoch=_check(doc, where, "best_epoch", (int,), False, source),
                    **_run_facts(doc, where, source))

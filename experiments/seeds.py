@@ -34,9 +34,10 @@ import numpy as np
 
 from opencood_ext.eval.bootstrap import FrameRecords, paired_difference, pooled_paired_difference
 
-from opencood_ext.run_folder import RunFolder, evaluation_label
+from opencood_ext.run_folder import RunFolder, epoch_checkpoint, evaluation_label
 from opencood_ext.sim.families import scenario_families
 
+from .report_epochs import scored_run
 from .results import (ArchivedAlliance, ArchivedBenchmarkRow, ArchivedEval, ArchivedRow, ResultRow, Results,
                       ResultsError)
 
@@ -67,25 +68,43 @@ def _copy_eval(ev: dict, src: Optional[str], tmp: Path, name: str, what: str) ->
                         recall_by_visibility=ev.get("recall_by_visibility"))
 
 
-def _benchmark_entry(k: int, r: ResultRow, tmp: Path) -> ArchivedBenchmarkRow:
-    """Benchmark row ``r`` with each alliance's records copied as ``bench<k>_<types>.npz``. A row evaluated
-    once for every alliance (no fusion: the ego alone) has one records file, which its alliances share."""
+def _archived_alliances(entries: Sequence[dict], run: Optional[str], tmp: Path, prefix: str, what: str,
+                        checkpoint: Optional[str] = None) -> List[ArchivedAlliance]:
+    """A growing-alliance table's entries (``eval_dynamic[_<checkpoint>].json``) with each alliance's
+    records copied as ``<prefix>_<types>.npz``. A row evaluated once for every alliance (no fusion: the
+    ego alone) has one records file, which its alliances share."""
     alliances = []
-    for d in r.dynamic or []:
+    for d in entries:
         types = list(d["types"])
-        src = RunFolder(r.run).frames(evaluation_label(alliance=types)) if r.run else None
+        src = RunFolder(run).frames(evaluation_label(alliance=types, checkpoint=checkpoint)) if run else None
         same = next((a for a in alliances if a.eval.ap == d["ap"]), None)
         if (src is None or not src.is_file()) and same is not None:
             alliances.append(ArchivedAlliance(types, same.eval))
             continue
-        ev = _copy_eval(d, str(src) if src else None, tmp, f"bench{k}_{''.join(types)}.npz",
-                        f"benchmark row {r.method!r}: the frames file of alliance {'+'.join(types)}")
+        ev = _copy_eval(d, str(src) if src else None, tmp, f"{prefix}_{''.join(types)}.npz",
+                        f"{what}: the frames file of alliance {'+'.join(types)}")
         alliances.append(ArchivedAlliance(types, ev))
+    return alliances
+
+
+def _benchmark_entry(k: int, r: ResultRow, tmp: Path) -> ArchivedBenchmarkRow:
+    """Benchmark row ``r`` with each alliance's records copied as ``bench<k>_<types>.npz``, and, when the
+    job scored its onboarding's kept epochs (``--score_epochs``), each epoch's as ``bench<k>_e<n>_<types>.npz``."""
+    what = f"benchmark row {r.method!r}"
+    alliances = _archived_alliances(r.dynamic or [], r.run, tmp, f"bench{k}", what)
     if not alliances:
-        raise ValueError(f"benchmark row {r.method!r} has no evaluation per alliance (dynamic) to archive")
+        raise ValueError(f"{what} has no evaluation per alliance (dynamic) to archive")
+    epochs, best = {}, None
+    scored = scored_run(r.method, Path(r.run)) if r.run and r.onboard_method and Path(r.run).is_dir() else None
+    if scored is not None:
+        for n, entries in sorted(scored.epochs.items()):
+            epochs[n] = _archived_alliances(entries, r.run, tmp, f"bench{k}_e{n}", f"{what}, epoch {n}",
+                                            epoch_checkpoint(n))
+        best = scored.best_epoch
     return ArchivedBenchmarkRow(r.method, alliances, onboard_method=r.onboard_method,
                                 trainable_params=r.trainable_params, train_wall_s=r.train_wall_s,
-                                protocol=r.protocol, training_seed=r.training_seed, optimizer_steps=r.optimizer_steps)
+                                protocol=r.protocol, training_seed=r.training_seed, optimizer_steps=r.optimizer_steps,
+                                epochs=epochs, best_epoch=best)
 
 
 def archive_seed(rows: Sequence[ResultRow], seed: int, dest: Path, meta: Optional[dict] = None,
@@ -175,9 +194,9 @@ def load_archive(folder) -> SeedArchive:
         doc = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a JSON seed archive ({exc})") from exc
-    for field in ("version", "seed", "rows"):
-        if field not in doc:
-            raise ValueError(f"{path}: missing field {field!r}")
+    for name in ("version", "seed", "rows"):
+        if name not in doc:
+            raise ValueError(f"{path}: missing field {name!r}")
     if doc["version"] not in READS:
         raise ValueError(f"{path}: field 'version' is {doc['version']!r}; this code reads versions "
                          f"{', '.join(map(str, READS))}")

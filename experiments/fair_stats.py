@@ -1,0 +1,135 @@
+"""What the fair benchmark's sections share (:mod:`experiments.fair`, :mod:`experiments.fair_camera`):
+the seed archives of one protocol (:class:`Group`), getters of one row's per-frame records in a seed
+archive, and the paired comparison of two getters over a group's seeds, per seed and pooled
+(:func:`~opencood_ext.eval.bootstrap.pooled_paired_difference`: its interval covers the test scenes,
+not the seeds)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+from opencood_ext.eval.bootstrap import FrameRecords, paired_difference, pooled_paired_difference
+
+from .seeds import SeedArchive, _cell, _k, _mean_std, holds_every_seed, load_archive, load_archives
+
+REFERENCE = "GenComm"
+NO_FUSION = "No fusion"
+FULL_FEATURE = "Intermediate (full feature)"
+# the rows that are no onboarding method: what the competitors' {m1} is held against
+NOT_ONBOARDING = (NO_FUSION, "Late fusion")
+
+
+@dataclass
+class Group:
+    """The seed archives of one protocol (same profile, data seed and test frames)."""
+
+    protocol: str
+    archives: List[SeedArchive]
+
+    @property
+    def seeds(self) -> List[int]:
+        return [a.seed for a in self.archives]
+
+
+def protocol_of(archive: SeedArchive) -> str:
+    """The one protocol every row of ``archive`` states; ValueError naming the file otherwise."""
+    found = {r.protocol for r in [*archive.rows, *archive.benchmark]}
+    if None in found:
+        raise ValueError(f"{archive.folder / 'rows.json'}: a row has no field 'protocol' (a version-1 archive: "
+                         "archive the run again with gencomm-seed-report archive)")
+    if len(found) != 1:
+        raise ValueError(f"{archive.folder / 'rows.json'}: rows of several protocols ({', '.join(sorted(found))})")
+    return found.pop()
+
+
+def group_by_protocol(folders: Sequence) -> List[Group]:
+    """The archives at ``folders`` grouped by protocol, each group checked as one experiment."""
+    by: Dict[str, List[Path]] = {}
+    for f in folders:
+        by.setdefault(protocol_of(load_archive(f)), []).append(Path(f))
+    return [Group(p, load_archives(fs)) for p, fs in sorted(by.items(), key=lambda kv: kv[0] != "equalized")]
+
+
+Getter = Callable[[SeedArchive], Optional[FrameRecords]]
+
+
+def main_getter(method: str, key: str = "eval") -> Getter:
+    def get(a: SeedArchive):
+        r = a.row(method)
+        return None if r is None else a.records(r, key)
+    return get
+
+
+def bench_getter(method: str, alliance: Optional[int] = None) -> Getter:
+    """Records of benchmark row ``method``'s alliance number ``alliance`` (None: the full one)."""
+    def get(a: SeedArchive):
+        r = a.bench_row(method)
+        return None if r is None else a.load(r.alliances[-1 if alliance is None else alliance].eval)
+    return get
+
+
+def alliance_getter(method: str, types: Sequence[str], epoch: Optional[int] = None) -> Getter:
+    """Records of benchmark row ``method``'s alliance ``types`` (ego first), with the selected weights or
+    with epoch ``epoch``'s (rows whose job scored their epochs); None where the archive lacks it."""
+    def get(a: SeedArchive):
+        r = a.bench_row(method)
+        found = None if r is None else r.alliance(types, epoch)
+        return None if found is None else a.load(found.eval)
+    return get
+
+
+def compare(group: Group, a: Getter, b: Getter, resamples: int, scenes: Optional[Sequence[str]] = None):
+    """(per-seed differences, pooled difference) of ``a`` minus ``b`` over the group's seeds, on the test
+    scenes ``scenes`` only when given; None when a seed lacks either side."""
+    pairs = []
+    for arc in group.archives:
+        x, y = a(arc), b(arc)
+        if x is None or y is None:
+            return None
+        if scenes is not None:
+            x, y = x.subset(scenes), y.subset(scenes)
+        pairs.append((x, y))
+    return [paired_difference(x, y, resamples) for x, y in pairs], pooled_paired_difference(pairs, resamples)
+
+
+def diff_cell(per_seed, pooled, thr: str) -> str:
+    """``+0.021 [+0.00, +0.04]; +0.030*, +0.010, +0.022*``: pooled with its interval, bold when it
+    excludes 0, then each seed (* when that seed's interval excludes 0)."""
+    k = _k(pooled, thr)
+    text = _cell(pooled.diff["global"][k], pooled.lo["global"][k], pooled.hi["global"][k],
+                 bool(pooled.significant("global")[k]))
+    return text + "; " + ", ".join(f"{p.diff['global'][_k(p, thr)]:+.3f}" + ("*" if p.significant("global")[_k(p, thr)]
+                                                                           else "") for p in per_seed)
+
+
+def _mean_std_text(values: Sequence[float]) -> str:
+    return "{:.3f} ± {:.3f}".format(*_mean_std(values))
+
+
+def _common(archives: Sequence[SeedArchive], names: Callable[[SeedArchive], List[str]]) -> List[str]:
+    """Names present in every archive, in the first one's order."""
+    return [m for m in names(archives[0]) if all(m in names(a) for a in archives[1:])]
+
+
+def bench_methods(group: Group) -> List[str]:
+    return _common(group.archives, lambda a: [r.method for r in a.benchmark])
+
+
+def _budget(values: Sequence[Optional[float]], fmt: str) -> str:
+    v = [x for x in values if x is not None]
+    if not v:
+        return "-"
+    return format(v[0], fmt) if len(set(v)) == 1 else " / ".join(format(x, fmt) for x in v)
+
+
+def diff_json(group: Group, per_seed, pooled, thr: str = "0.5") -> dict:
+    """A comparison as results.json keeps it: the pooled difference with its interval, each seed's with
+    whether its interval excludes 0, and whether that holds in every seed (:func:`holds_every_seed`)."""
+    k = _k(pooled, thr)
+    return {"threshold": thr,
+            "pooled": {"diff": float(pooled.diff["global"][k]),
+                       "ci": [float(pooled.lo["global"][k]), float(pooled.hi["global"][k])]},
+            "per_seed": {str(s): {"diff": float(p.diff["global"][k]), "significant": bool(p.significant("global")[k])}
+                         for s, p in zip(group.seeds, per_seed)},
+            "significant_every_seed": holds_every_seed(per_seed, pooled, thr)}
