@@ -9,7 +9,8 @@ undo a rotation), for every link on the registry contract's tiny sizes:
 * ``equalized`` adds exactly the shared post-fusion block to every method, and full-feature fusion
   has nothing else after its warp;
 * ``reference`` puts nothing but the 1x1 head after the warp for full-feature fusion and for GenComm,
-  which generates in the sender's frame and warps afterwards;
+  which generates in the sender's frame and warps afterwards; ``equalized`` keeps that order for GenComm
+  (the better one there), so the shared block is all GenComm has after its warp too;
 * every shipped simulator config is equalized, with the same block, whatever its fusion method.
 """
 from __future__ import annotations
@@ -75,9 +76,9 @@ def layers_after_warp(model: CooperativeDetector, batch, monkeypatch) -> int:
 
 
 def _model(link: str, protocol: str) -> CooperativeDetector:
+    """GenComm with its generation order left to the protocol, as the sim configs leave it."""
     spec = {**LINK_ARGS.get(link, {}), "type": link}
-    if link == "gencomm":  # the reference generates before the warp; the sim configs warp first
-        spec["warp_before_generation"] = protocol != "reference"
+    spec.pop("warp_before_generation", None)
     torch.manual_seed(0)
     return CooperativeDetector(TYPES, RANGE, link=spec, fusion_op="max", protocol=protocol)
 
@@ -91,9 +92,23 @@ def batch():
 def test_equalized_adds_the_same_block_after_the_warp_to_every_link(link, batch, monkeypatch):
     native = layers_after_warp(_model(link, "native"), batch, monkeypatch)
     equalized = layers_after_warp(_model(link, "equalized"), batch, monkeypatch)
+    if link == "gencomm":  # native warps first (its UNet and enhancer after the warp), equalized generates first
+        assert native > 0 and equalized == EQUALIZED_POST_FUSION_LAYERS
+        return
     assert equalized == native + EQUALIZED_POST_FUSION_LAYERS
     if link == "full_feature":
         assert native == 0 and equalized == EQUALIZED_POST_FUSION_LAYERS
+
+
+def test_gencomm_warp_first_under_equalized_adds_the_block_to_its_own_layers(batch, monkeypatch):
+    """Set explicitly, warp first still runs under equalized (the order comparison's other arm)."""
+    def model(protocol):
+        spec = {**LINK_ARGS.get("gencomm", {}), "type": "gencomm", "warp_before_generation": True}
+        torch.manual_seed(0)
+        return CooperativeDetector(TYPES, RANGE, link=spec, fusion_op="max", protocol=protocol)
+    native = layers_after_warp(model("native"), batch, monkeypatch)
+    assert native > 0
+    assert layers_after_warp(model("equalized"), batch, monkeypatch) == native + EQUALIZED_POST_FUSION_LAYERS
 
 
 @pytest.mark.parametrize("link", ["full_feature", "gencomm"])
@@ -102,8 +117,8 @@ def test_reference_leaves_only_the_1x1_head_after_the_warp(link, batch, monkeypa
 
 
 def test_native_gencomm_generates_after_the_warp(batch, monkeypatch):
-    """The generation order the sim configs use (warp_before_generation): the UNet and the enhancer
-    see the warped message, which is what the equalized block gives the other methods."""
+    """Native's generation order (the archived native runs'): the UNet and the enhancer see the warped
+    message, the capacity after the warp that the other methods lacked under native."""
     assert layers_after_warp(_model("gencomm", "native"), batch, monkeypatch) > 0
 
 
@@ -153,13 +168,14 @@ def test_onboarding_refuses_stage1_runs_of_another_protocol(tmp_path):
 
 
 def test_generation_order_follows_the_protocol_unless_set():
-    """``warp_before_generation`` left out (the sim configs): warp first under native and equalized,
-    generate first under reference; set, it wins, except true under reference, refused naming the key."""
+    """``warp_before_generation`` left out (the sim configs): warp first under native, generate first
+    under reference and equalized; set, it wins, except true under reference, refused naming the key."""
     from gencomm.link import GenCommLink
     link = GenCommLink(8, ["m1"], RANGE)
     assert link.warp_before_generation is None
-    assert link.warps_first("native") and link.warps_first("equalized") and not link.warps_first("reference")
-    assert not GenCommLink(8, ["m1"], RANGE, warp_before_generation=False).warps_first("equalized")
+    assert link.warps_first("native") and not link.warps_first("equalized") and not link.warps_first("reference")
+    assert not GenCommLink(8, ["m1"], RANGE, warp_before_generation=False).warps_first("native")
+    assert GenCommLink(8, ["m1"], RANGE, warp_before_generation=True).warps_first("equalized")
     with pytest.raises(ValueError, match="model.link.warp_before_generation: protocol reference"):
         GenCommLink(8, ["m1"], RANGE, warp_before_generation=True).warps_first("reference")
     sim = load_experiment(ROOT / "configs" / "sim" / "gencomm_stage1_m1.yaml", ["protocol=reference"])

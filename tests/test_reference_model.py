@@ -148,15 +148,21 @@ def test_the_experiment_protocol_builds_the_model(tmp_path):
 
 
 def test_a_paper_order_gencomm_link_is_refused_under_the_reference_protocol():
+    """Refused when the model is built (the detector hands the link its protocol), naming the experiment
+    and the key; a link built alone is refused on its first reference arrival."""
     cfg = load_experiment(ROOT / "configs" / "dairv2x" / "gencomm_stage1_m1.yaml",
                           ["model.link.warp_before_generation=true"])
-    model = build_model(cfg)
+    with pytest.raises(ValueError, match="dairv2x_gencomm_stage1_m1': model.link.warp_before_generation: protocol "
+                                         "reference generates in the sender"):
+        build_model(cfg)
+    from gencomm.link import GenCommLink
     from opencood_ext.models.links import Arrival
 
-    arrival = Arrival(torch.eye(4)[None], ["m1"], torch.zeros(1, 128, 64, 128), ["m1"], torch.ones(1, 1, 64, 128),
+    link = GenCommLink(8, ["m1"], [-8, -8, -3, 8, 8, 1], warp_before_generation=True)
+    arrival = Arrival(torch.eye(4)[None], ["m1"], torch.zeros(1, 8, 16, 16), ["m1"], torch.ones(1, 1, 16, 16),
                       protocol="reference")
     with pytest.raises(ValueError, match="warp_before_generation: protocol reference generates in the sender"):
-        model.link.receive(torch.zeros(1, 2, 64, 128), arrival)
+        link.receive(torch.zeros(1, 2, 16, 16), arrival)
 
 
 # ---------------------------------------------------------------- the shipped configs' sizes

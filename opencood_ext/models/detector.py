@@ -179,6 +179,8 @@ class CooperativeDetector(nn.Module):
         self.link = build(spec, LINKS, "model.link", channels=self.channels,
                           agent_types=list(agent_types), lidar_range=self.lidar_range) \
             if self.method.needs_link else None
+        if hasattr(self.link, "use_protocol"):
+            self.link.use_protocol(protocol)  # GenComm: the protocol decides its generation order
         padded = {t: (s.uncropped, s.crop) for t, s in self.encoders.items() if s.crop is not None}
         if self.computation == "reference" and padded and hasattr(self.link, "extract_before_padding"):
             self.link.extract_before_padding(padded)  # the reference GenComm: a camera's message before its pad
