@@ -28,6 +28,14 @@ def test_rows_and_equal_computations():
         assert res[f"{part}_current_over_straightforward"] == pytest.approx(
             res[f"{part}_current_s"] / res[f"{part}_straightforward_s"])
     assert (res["messages"], res["grid"], res["channels"], res["threads"]) == (1, "80x80", 128, 1)
+    assert (res["protocol"], res["warp_first"]) == ("equalized", False)  # the sim configs' order
+
+
+def test_warp_first_under_native_too():
+    """Native warps first: the restatement follows, so both generation orders are checked."""
+    res = link_cost.main(["--messages", "2", "--repeat", "1", "--protocol", "native"])
+    assert (res["protocol"], res["warp_first"]) == ("native", True)
+    assert res["max_abs_diff_output"] < 1e-4 and res["max_abs_diff_gradients"] < 1e-4
 
 
 def test_bad_message_count():

@@ -2,11 +2,13 @@
 side by side in one process (ratios only on a shared machine).
 
     python tools/bench.py link [--messages 2] [--repeat 9] [--threads 1] [--clock cpu|wall] [--family sim]
+                               [--protocol native|equalized]
 
 The link is the one of ``bench train``'s GenComm model (``configs/<family>/gencomm_link.yaml`` on the
 sim base, one agent type m1) on its BEV grid; ``--messages`` collaborators' (C, H, W) features go
-through ``send``, ``receive`` (warp, generate, enhance, mask) and the generation loss, then
-backward. ``straightforward`` is the computation before issue 30 item 4, written out here:
+through ``send``, ``receive`` (generate, enhance, warp, mask: the order of the config's protocol,
+``equalized`` for the sim configs; warp first under ``native``; ``warp_first`` in the output) and
+the generation loss, then backward. ``straightforward`` is the computation before issue 30 item 4, written out here:
 the generator's UNet on the concatenated ``[message, x_t]`` at every step, each type's rows
 gathered into a zero-filled output by index, and ``F.embedding_bag``'s own backward for the
 deformable gather. Both are run once and compared
@@ -59,15 +61,17 @@ def straightforward_send(link, features, agent_types):
     return out
 
 
-def straightforward_receive(link, payload, arrival):
-    """``link.receive`` for ``warp_before_generation: true``, protocol native: warp, generate by
-    :func:`straightforward_generate` per receiver type, enhance, mask."""
-    cond = warp_to_ego(payload, arrival.T_ego_from_sender, link.lidar_range)
+def straightforward_receive(link, payload, arrival, warp_first: bool):
+    """``link.receive`` under a native computation (native or equalized): warp (``warp_first``), generate
+    by :func:`straightforward_generate` per receiver type, enhance, warp (not ``warp_first``), mask."""
+    cond = warp_to_ego(payload, arrival.T_ego_from_sender, link.lidar_range) if warp_first else payload
     init = arrival.receiver_features
     gen = init.new_zeros(init.shape)
     for r in dict.fromkeys(arrival.receiver_types):
         sel = torch.as_tensor([k for k, t in enumerate(arrival.receiver_types) if t == r])
         gen[sel] = link.enhancer[r](straightforward_generate(link.safg[r], cond[sel], init[sel])).to(gen.dtype)
+    if not warp_first:
+        gen = warp_to_ego(gen, arrival.T_ego_from_sender, link.lidar_range)
     return gen * arrival.valid
 
 
@@ -79,16 +83,21 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
     p.add_argument("--family", default="sim")
+    p.add_argument("--protocol", choices=("native", "equalized"), default=None,
+                   help="run the config under this protocol (default: the config's own)")
     args = p.parse_args(argv)
     if args.messages < 1:
         raise SystemExit(f"--messages must be >= 1, got {args.messages}")
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.manual_seed(0)
-    model = build_model(load_experiment(_config("m1", "gencomm", args.family, None)))
+    model = build_model(load_experiment(_config("m1", "gencomm", args.family, None),
+                                        [f"protocol={args.protocol}"] if args.protocol else []))
     link, n = model.link.train(), args.messages
-    if not link.warps_first():
-        raise SystemExit("bench link: the straightforward computation is written for warp_before_generation: true")
+    if model.computation != "native":
+        raise SystemExit(f"bench link: the straightforward computation is written for protocols native and "
+                         f"equalized, not {model.protocol}")
+    warp_first = link.warps_first(model.protocol)  # the config's generation order under its protocol
     with torch.no_grad():  # off the zero / identity initialisations, so every path carries signal
         for prm in link.parameters():
             prm.add_(0.02 * torch.randn_like(prm))
@@ -106,7 +115,8 @@ def main(argv=None) -> dict:
             f, o = feats.clone().requires_grad_(), own.clone().requires_grad_()
             arrival = Arrival(T, ["m1"] * n, o, ["m1"] * n, valid)
             torch.manual_seed(1)
-            got = straightforward_receive(link, straightforward_send(link, f, arrival.sender_types), arrival) if straight \
+            got = straightforward_receive(link, straightforward_send(link, f, arrival.sender_types), arrival,
+                                          warp_first) if straight \
                 else link.receive(link.send(f, arrival.sender_types), arrival)
             loss = got.square().mean() + sum(link.losses(got, feats, arrival).values())
             loss.backward()
@@ -156,5 +166,5 @@ def main(argv=None) -> dict:
         res[f"{name}_current_s"] = med["current"]
         res[f"{name}_current_over_straightforward"] = med["current"] / med["straightforward"]
     res.update(messages=n, grid=f"{H}x{W}", channels=C, threads=torch.get_num_threads(), clock=args.clock,
-               family=args.family)
+               family=args.family, protocol=model.protocol, warp_first=warp_first)
     return res
