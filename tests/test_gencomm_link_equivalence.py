@@ -25,10 +25,10 @@ GENERATORS = {"compact": {"variant": "compact", "base_channels": 8},
               "reference": {"variant": "reference", "base_channels": 8}}
 
 
-def _link(types, generator):
+def _link(types, generator, warp_first=True):
     torch.manual_seed(0)
     link = GenCommLink(C, types, RANGE, message={"hidden_channels": 8, "message_channels": 2},
-                       generator=generator)
+                       generator=generator, warp_before_generation=warp_first)
     with torch.no_grad():  # off the zero / identity initialisations, so every path carries signal
         for p in link.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -54,16 +54,17 @@ def _run(link, send, receive, senders, receivers):
             **{n: p.grad for n, p in link.named_parameters()}}
 
 
+@pytest.mark.parametrize("warp_first", [True, False], ids=["warp_first", "generate_first"])
 @pytest.mark.parametrize("generator", sorted(GENERATORS))
 @pytest.mark.parametrize("senders,receivers", [
     (["m1"] * 3, ["m1"] * 3),                           # stage 1: one type
     (["m1", "m2", "m1"], ["m2", "m1", "m1"]),           # an alliance: gathered by type
 ])
-def test_link_equals_reference_computation(generator, senders, receivers):
-    link = _link(sorted(set(senders) | set(receivers)), GENERATORS[generator])
+def test_link_equals_reference_computation(generator, senders, receivers, warp_first):
+    link = _link(sorted(set(senders) | set(receivers)), GENERATORS[generator], warp_first)
     ref = copy.deepcopy(link)
-    want = _run(ref, lambda f, t: reference_send(ref, f, t), lambda p, a: reference_receive(ref, p, a),
-                senders, receivers)
+    want = _run(ref, lambda f, t: reference_send(ref, f, t),
+                lambda p, a: reference_receive(ref, p, a, warp_first), senders, receivers)
     got = _run(link, link.send, link.receive, senders, receivers)
     assert want["output"].abs().sum() > 0
     assert set(got) == set(want)
