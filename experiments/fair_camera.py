@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
+from opencood_ext.run_folder import epoch_checkpoint
+
 from .fair_stats import NO_FUSION, Group, _mean_std_text, alliance_getter, bench_methods, compare, diff_json
 from .report_epochs import camera_steps
 from .seeds import _cell
@@ -50,7 +52,7 @@ def camera_json(group: Group, resamples: int) -> List[dict]:
     out = []
     steps = camera_steps(_full_types(group))
     for m in _methods(group):
-        for weights, epoch in [("selected", None)] + [(f"epoch_{n}", n) for n in scored_epochs(group, m)]:
+        for weights, epoch in [("selected", None)] + [(epoch_checkpoint(n), n) for n in scored_epochs(group, m)]:
             for name, alliance, before in steps:
                 res = compare(group, alliance_getter(m, alliance, epoch), alliance_getter(m, before, epoch),
                               resamples)
@@ -104,5 +106,5 @@ def epoch_lines(group: Group, method: str, epochs: Sequence[int], names: Sequenc
     for n in epochs:
         aps = [r.alliance(full, n).eval.ap["global"][THRESHOLD] for r in rows]
         lines.append(f"| {n} | {_mean_std_text(aps)} | "
-                     + " | ".join(json_cell(by.get((method, x, f"epoch_{n}"))) for x in names) + " |")
+                     + " | ".join(json_cell(by.get((method, x, epoch_checkpoint(n)))) for x in names) + " |")
     return lines
