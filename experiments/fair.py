@@ -128,7 +128,7 @@ def checks(group: Group, resamples: int) -> List[dict]:
         if res is None:
             continue
         per_seed, pooled = res
-        found = diff_json(group, per_seed, pooled, "0.5")
+        found = diff_json(group.seeds, per_seed, pooled, "0.5")
         diff = found["pooled"]["diff"]
         out.append({"protocol": group.protocol, "what": f"{a} minus {b}", "where": where, **found,
                     "at_least": bool(diff >= 0 and all(v["diff"] >= 0 for v in found["per_seed"].values())),

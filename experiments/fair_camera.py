@@ -9,13 +9,13 @@ each benchmark row's ``alliances`` and, when scored, its ``epochs`` (:class:`Arc
 No fusion is left out: every alliance of it is the ego alone."""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 from opencood_ext.run_folder import epoch_checkpoint
 
-from .fair_stats import NO_FUSION, Group, _mean_std_text, alliance_getter, bench_methods, compare, diff_json
+from .fair_stats import (NO_FUSION, Group, _mean_std_text, alliance_getter, bench_methods, compare, diff_json,
+                         entry_cell)
 from .report_epochs import camera_steps
-from .seeds import _cell
 
 THRESHOLD = "0.5"
 
@@ -35,17 +35,6 @@ def scored_epochs(group: Group, method: str) -> List[int]:
     return sorted(set.intersection(*found)) if found else []
 
 
-def json_cell(c: Optional[dict]) -> str:
-    """A :func:`diff_json` entry as a table cell: ``+0.021 [+0.00, +0.04]; +0.030*, +0.010, +0.022*``
-    (as :func:`~experiments.fair_stats.diff_cell` writes it); "-" when absent."""
-    if c is None:
-        return "-"
-    p = c["pooled"]
-    bold = p["ci"][0] > 0 or p["ci"][1] < 0
-    return _cell(p["diff"], p["ci"][0], p["ci"][1], bold) + "; " + ", ".join(
-        f"{v['diff']:+.3f}" + ("*" if v["significant"] else "") for v in c["per_seed"].values())
-
-
 def camera_json(group: Group, resamples: int) -> List[dict]:
     """Every (method, camera step, weights) difference as results.json keeps it (``weights``: "selected"
     or "epoch_<n>")."""
@@ -58,7 +47,7 @@ def camera_json(group: Group, resamples: int) -> List[dict]:
                               resamples)
                 if res is not None:
                     out.append({"protocol": group.protocol, "method": m, "step": name, "weights": weights,
-                                **diff_json(group, *res, THRESHOLD)})
+                                **diff_json(group.seeds, *res, THRESHOLD)})
     return out
 
 
@@ -82,7 +71,7 @@ def camera_section(group: Group, found: Sequence[dict]) -> List[str]:
             c = by.get((m, name, "selected"))
             if c is not None and c["significant_every_seed"]:
                 verdicts.append(f"{name} {'adds to' if c['pooled']['diff'] > 0 else 'takes from'} {m}")
-        lines.append(f"| {m} | " + " | ".join(json_cell(by.get((m, n, "selected"))) for n in names) + " |")
+        lines.append(f"| {m} | " + " | ".join(entry_cell(by.get((m, n, "selected"))) for n in names) + " |")
     lines += ["", f"Significant in every seed: {'; '.join(verdicts) or 'none'}."]
     for m in _methods(group):
         epochs = scored_epochs(group, m)
@@ -106,5 +95,5 @@ def epoch_lines(group: Group, method: str, epochs: Sequence[int], names: Sequenc
     for n in epochs:
         aps = [r.alliance(full, n).eval.ap["global"][THRESHOLD] for r in rows]
         lines.append(f"| {n} | {_mean_std_text(aps)} | "
-                     + " | ".join(json_cell(by.get((method, x, epoch_checkpoint(n)))) for x in names) + " |")
+                     + " | ".join(entry_cell(by.get((method, x, epoch_checkpoint(n)))) for x in names) + " |")
     return lines

@@ -96,11 +96,16 @@ def compare(group: Group, a: Getter, b: Getter, resamples: int, scenes: Optional
 def diff_cell(per_seed, pooled, thr: str) -> str:
     """``+0.021 [+0.00, +0.04]; +0.030*, +0.010, +0.022*``: pooled with its interval, bold when it
     excludes 0, then each seed (* when that seed's interval excludes 0)."""
-    k = _k(pooled, thr)
-    text = _cell(pooled.diff["global"][k], pooled.lo["global"][k], pooled.hi["global"][k],
-                 bool(pooled.significant("global")[k]))
-    return text + "; " + ", ".join(f"{p.diff['global'][_k(p, thr)]:+.3f}" + ("*" if p.significant("global")[_k(p, thr)]
-                                                                           else "") for p in per_seed)
+    return entry_cell(diff_json(range(len(per_seed)), per_seed, pooled, thr))
+
+
+def entry_cell(c: Optional[dict]) -> str:
+    """A :func:`diff_json` entry as the cell :func:`diff_cell` writes; "-" when absent."""
+    if c is None:
+        return "-"
+    p = c["pooled"]
+    return _cell(p["diff"], p["ci"][0], p["ci"][1], p["significant"]) + "; " + ", ".join(
+        f"{v['diff']:+.3f}" + ("*" if v["significant"] else "") for v in c["per_seed"].values())
 
 
 def _mean_std_text(values: Sequence[float]) -> str:
@@ -123,13 +128,15 @@ def _budget(values: Sequence[Optional[float]], fmt: str) -> str:
     return format(v[0], fmt) if len(set(v)) == 1 else " / ".join(format(x, fmt) for x in v)
 
 
-def diff_json(group: Group, per_seed, pooled, thr: str = "0.5") -> dict:
-    """A comparison as results.json keeps it: the pooled difference with its interval, each seed's with
-    whether its interval excludes 0, and whether that holds in every seed (:func:`holds_every_seed`)."""
+def diff_json(seeds: Sequence[int], per_seed, pooled, thr: str = "0.5") -> dict:
+    """A comparison as results.json keeps it: the pooled difference with its interval and whether it
+    excludes 0, each seed's (keyed by ``seeds``) with whether its interval does, and whether that holds
+    in every seed (:func:`holds_every_seed`)."""
     k = _k(pooled, thr)
     return {"threshold": thr,
             "pooled": {"diff": float(pooled.diff["global"][k]),
-                       "ci": [float(pooled.lo["global"][k]), float(pooled.hi["global"][k])]},
+                       "ci": [float(pooled.lo["global"][k]), float(pooled.hi["global"][k])],
+                       "significant": bool(pooled.significant("global")[k])},
             "per_seed": {str(s): {"diff": float(p.diff["global"][k]), "significant": bool(p.significant("global")[k])}
-                         for s, p in zip(group.seeds, per_seed)},
+                         for s, p in zip(seeds, per_seed)},
             "significant_every_seed": holds_every_seed(per_seed, pooled, thr)}
