@@ -169,3 +169,132 @@ def test_camera_type_sample_builds_from_the_simulated_dataset_without_warnings(r
     assert agent.agent_type == "m2"
     assert agent.images.shape == (4, 3, 192, 256) and agent.images.dtype == np.float32
     assert np.isfinite(agent.images).all() and agent.depth.shape == (4, 192, 256)
+
+
+CAMERA_FILES = ("_camera", "_depth")
+
+
+def _lidar_view(root: Path) -> dict:
+    """What a LiDAR-only run reads of a dataset: every scan's digest and every frame yaml without
+    its camera entries (the yaml's ``camera<i>`` keys, the camera images and the camera agents'
+    visibility masks are all that a recording with cameras adds)."""
+    import yaml
+    view = {str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*.pcd"))}
+    for p in sorted(root.rglob("*.yaml")):
+        if p.name != "data_protocol.yaml":
+            view[str(p.relative_to(root))] = {k: v for k, v in yaml.safe_load(p.read_text()).items()
+                                              if not k.startswith("camera")}
+    return view
+
+
+def test_a_recording_with_cameras_serves_a_run_without_them_and_gains_them_back(recorded, tmp_path, capsys):
+    """Several runs share a dataset folder (every protocol of the main job shares its test set, and a
+    LiDAR-only run asks for no cameras): a LiDAR-only rerun must keep the camera images, and adding
+    cameras to a LiDAR-only folder must leave its LiDAR files as they were."""
+    import shutil
+    a, _, tool = recorded
+    shared = tmp_path / "shared"
+    shutil.copytree(a, shared)
+    before = _hashes(shared)
+    capsys.readouterr()
+    assert tool.main(["-o", str(shared), "--no_cameras"] + TINY) == 0
+    assert "recorded 0 scenario(s), skipped 2" in capsys.readouterr().out
+    assert _hashes(shared) == before   # nothing rewritten, the cameras kept
+
+    lidar_only = tmp_path / "lidar_only"
+    assert tool.main(["-o", str(lidar_only), "--no_cameras"] + TINY) == 0
+    assert not any(c in k for k in _hashes(lidar_only) for c in CAMERA_FILES)
+    assert _lidar_view(lidar_only) == _lidar_view(shared)   # the LiDAR and labels do not depend on the cameras
+    capsys.readouterr()
+    assert tool.main(["-o", str(lidar_only)] + TINY) == 0
+    assert "recorded 2 scenario(s), skipped 0" in capsys.readouterr().out
+    assert _hashes(lidar_only) == before   # now the same as recorded with cameras
+
+
+def test_a_folder_recorded_with_other_settings_is_refused_unless_overwrite(recorded, tmp_path, capsys):
+    import shutil
+    a, _, tool = recorded
+    shared = tmp_path / "shared"
+    shutil.copytree(a, shared)
+    before = _hashes(shared)
+    other_seed = [x if x != "11" else "12" for x in TINY]
+    capsys.readouterr()
+    assert tool.main(["-o", str(shared)] + other_seed) == 2
+    err = capsys.readouterr().err
+    assert "2 finished scenario(s) were recorded with other settings" in err
+    assert f"{MARKER_DIR}/scenario_0000.json" in err and "--overwrite" in err
+    assert _hashes(shared) == before   # refused before anything was written
+    other_family = TINY + ["--family", "road"]
+    assert tool.main(["-o", str(shared)] + other_family) == 2
+    assert "layout: recorded 'junction', asked 'road'" in capsys.readouterr().err
+    assert _hashes(shared) == before
+    assert tool.main(["-o", str(shared), "--overwrite"] + other_family) == 0
+    assert "recorded 2 scenario(s), skipped 0" in capsys.readouterr().out
+    assert _hashes(shared) != before
+    assert tool.main(["-o", str(shared)] + other_family) == 0   # and that recording is now the finished one
+    assert "recorded 0 scenario(s), skipped 2" in capsys.readouterr().out
+
+
+def test_a_second_recorder_of_a_folder_waits_for_the_first(recorded, tmp_path, capsys):
+    """Two jobs sharing a dataset start the simulator at the same time: the second waits on the
+    folder's lock (saying who holds it), then finds the scenarios finished."""
+    import shutil
+    import threading
+    import time
+    from opencood_ext.sim.recorder import _folder_lock
+    a, _, tool = recorded
+    shared = tmp_path / "shared"
+    shutil.copytree(a, shared)
+    rc = []
+    with _folder_lock(shared):
+        assert (shared / MARKER_DIR / "lock").read_text().startswith("pid ")
+        second = threading.Thread(target=lambda: rc.append(tool.main(["-o", str(shared)] + TINY)))
+        second.start()
+        for _ in range(600):   # until the second recorder says it waits (or 60 s)
+            if "is recording into this folder; waiting" in capsys.readouterr().out:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the second recorder did not report waiting for the lock")
+        assert second.is_alive() and rc == []   # it cannot go on while the lock is held
+    second.join(timeout=300)
+    assert rc == [0] and "recorded 0 scenario(s), skipped 2" in capsys.readouterr().out
+
+
+def test_a_worker_whose_recorder_died_starts_no_scenario(monkeypatch):
+    """A recorder killed mid-run leaves its worker processes behind; they must not start the queued
+    scenarios, which would write into a folder another recorder may now hold."""
+    from opencood_ext.sim import recorder
+    monkeypatch.setattr(recorder, "_WORKER_PARENT", -1)
+    monkeypatch.setattr(recorder, "_record_scenario", lambda *a, **k: pytest.fail("a scenario was started"))
+    with pytest.raises(SystemExit, match="parent -1 is gone, not starting scenario 3"):
+        recorder._worker_job(recorder._Job(3, "train", 1, 1, Path("."), None, {}, False, "binary"))
+
+
+def test_an_interrupted_rerecording_is_not_taken_for_the_earlier_recording(recorded, tmp_path, monkeypatch, capsys):
+    """--overwrite (or cameras added) deletes a finished scenario's files before writing new ones; if
+    that run dies half-way, the old marker must be gone too, so the next run records it again."""
+    import shutil
+    from opencood_ext.sim import recorder
+    a, _, tool = recorded
+    shared = tmp_path / "shared"
+    shutil.copytree(a, shared)
+    before = _hashes(shared)
+    real_write = recorder.write_opv2v_frame
+    calls = []
+
+    def dies_on_second_frame(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("killed")
+        return real_write(*args, **kw)
+
+    monkeypatch.setattr(recorder, "write_opv2v_frame", dies_on_second_frame)
+    with pytest.raises(RuntimeError, match="killed"):
+        tool.main(["-o", str(shared), "--overwrite", "--no_shadows", "--workers", "1"] + TINY)
+    assert not (shared / MARKER_DIR / "scenario_0000.json").exists()
+    monkeypatch.setattr(recorder, "write_opv2v_frame", real_write)
+    capsys.readouterr()
+    assert tool.main(["-o", str(shared), "--workers", "1"] + TINY) == 0
+    assert "recorded 1 scenario(s), skipped 1" in capsys.readouterr().out
+    assert _hashes(shared) == before

@@ -26,6 +26,7 @@ from opencood_ext.cli.simulate import main as simulate_main
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD = Path(__file__).resolve().parent / "assets" / "sim_identity" / "digests.json"
+LOCK = ".gencomm_sim/lock"
 
 
 def fingerprint() -> dict:
@@ -44,8 +45,10 @@ def fingerprint() -> dict:
 
 
 def digests(root: Path) -> dict:
+    """sha256 of every file the simulator wrote, but the recorder's folder lock (empty once it ends;
+    simulators before the lock wrote none)."""
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.relative_to(root).as_posix() != LOCK}
 
 
 def _reference_run(commit: str, args, tmp: Path) -> dict:

@@ -7,7 +7,7 @@ CARLA; without one it runs the same loop on the built-in world.
                       [--pose_noise_m M] [--pose_noise_deg D] [--wire_dtype float16] [--show]
                       [--set receiver.KEY=VALUE ...]
     gencomm-demo record -o DIR [--backend auto|carla|builtin] [--scenarios N] [--frames M]
-                      [--split_ratio TRAIN VAL TEST] [--no_cameras]
+                      [--split_ratio TRAIN VAL TEST] [--no_cameras] [--overwrite]
 
 ``live`` prints running AP and bytes per tick, writes a bird's-eye PNG per tick
 and an animated GIF (``--out``, default RUN/live); ``--show`` also opens a
@@ -143,7 +143,8 @@ def cmd_record(args) -> int:
     world, backend = open_world(args)
     try:
         res = record(world, args.out, args.scenarios, args.frames, args.seed, split_ratio=args.split_ratio,
-                     write_cameras=not args.no_cameras, settings={"backend": backend})
+                     write_cameras=not args.no_cameras, settings={"backend": backend},
+                     overwrite=args.overwrite)
     finally:
         world.close()
     print(f"{args.out}: recorded {len(res.recorded)} scenario(s) from the {backend} backend, skipped "
@@ -175,6 +176,9 @@ def main(argv=None) -> int:
                      metavar=("TRAIN", "VAL", "TEST"))
     rec.add_argument("--frames", type=int, default=20)
     rec.add_argument("--scenarios", type=int, default=1)
+    rec.add_argument("--overwrite", action="store_true",
+                     help="record again the finished scenarios of OUT recorded with other settings (another "
+                          "backend, seed, ...); default: refuse")
     _add_backend_args(rec)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

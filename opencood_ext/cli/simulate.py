@@ -2,7 +2,7 @@
 
     gencomm-sim -o DIR [--scenarios N] [--frames M] [--seed S]
         [--split_ratio 0.6 0.2 0.2] [--no_cameras] [--camera_size WxH]
-        [--agent_types RIG.yaml] [--workers N] [--family junction|road|free|mixed]
+        [--agent_types RIG.yaml] [--workers N] [--family junction|road|free|mixed] [--overwrite]
 
 Writes ``DIR/{train,validate,test}/<scenario>/...`` (64-beam ``.pcd``,
 ``_32.pcd`` / ``_16.pcd``, ``_camera{i}.png``, ``_depth{i}.png``, ``.yaml``,
@@ -12,7 +12,10 @@ the depth images in HEAL's side tree instead, the output path with ``OPV2V``
 replaced by ``OPV2V_Hetero`` (``-o data/OPV2V`` -> ``data/OPV2V_Hetero``), where
 HEAL's OPV2V-H loader looks for them; our reader finds them there too.
 A rerun skips finished scenarios; the same arguments give identical files, whatever
-``--workers`` (processes recording scenarios side by side). From a checkout,
+``--workers`` (processes recording scenarios side by side). A folder recorded with other
+settings is not overwritten: a recording with cameras serves a ``--no_cameras`` run, one
+without cameras gets them added (same LiDAR files), any other difference is refused unless
+``--overwrite``. From a checkout,
 ``python tools/simulate.py`` runs the same command.
 
 ``--family`` (alias ``--layout``) picks the scene family: where the connected vehicles are
@@ -93,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"HEAL's side tree, the output path with {HETERO_FROM} replaced by {HETERO_TO}")
     p.add_argument("--workers", type=_workers, default=default_workers(),
                    help="processes recording scenarios in parallel (default min(2, CPUs)); same files for any N")
+    p.add_argument("--overwrite", action="store_true",
+                   help="record again the finished scenarios of OUT that were recorded with other settings "
+                        "(default: refuse; a recording with cameras serves a run without them)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -140,7 +146,7 @@ def _record(args) -> int:
         res = record(world, args.out, args.scenarios, args.frames, args.seed, args.split_ratio,
                      write_cameras=not args.no_cameras, pcd_data=args.pcd_data, progress=not args.quiet,
                      settings=settings, hetero_root=hetero, workers=args.workers,
-                     world_factory=partial(BuiltinWorld, cfg), layouts=layouts)
+                     world_factory=partial(BuiltinWorld, cfg), layouts=layouts, overwrite=args.overwrite)
     finally:
         world.close()
     side = f"; 32/16-beam scans and depth in {hetero}" if hetero else ""

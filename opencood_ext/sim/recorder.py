@@ -7,6 +7,7 @@ Layout (read back by :class:`opencood_ext.data.formats.OPV2VReader`)::
     <het>/<split>/<scenario>/<agent_id>/<timestamp>{_32.pcd,_16.pcd,_depth{i}.png}
     <out>/modality_assignment.json          {scenario: {agent_id: "m1".."m4"}}
     <out>/.gencomm_sim/scenario_NNNN.json    completion markers
+    <out>/.gencomm_sim/lock                  held by the recorder writing the folder
 
 ``<het>`` is ``<out>`` itself, or HEAL's ``OPV2V_Hetero`` side tree when
 ``hetero_root`` is given (see :func:`opencood_ext.data.formats.layout.hetero_tree`).
@@ -16,15 +17,26 @@ given by ``split_ratio`` (contiguous blocks: train, validate, test). Its
 completion marker is written LAST and atomically, so a rerun skips exactly
 the finished scenarios and redoes (after deleting) a half-written one. The
 same arguments give byte-identical files.
+
+A finished scenario recorded with other settings is never silently replaced
+(several runs share a dataset folder, e.g. every protocol of the main job shares
+its test set): a recording with cameras serves a run without cameras (the
+scans, labels and poses do not depend on the cameras; what cameras add is
+their images, the frame yaml's ``camera<i>`` entries and camera agents'
+visibility masks, which LiDAR-only runs do not read), a recording without
+cameras is recorded again when cameras are asked for (the same scans, with
+the camera files added), and any other difference is refused, naming the
+marker and the setting, unless ``overwrite`` is given.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import multiprocessing
 import os
 import shutil
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -70,6 +82,30 @@ class RecordResult:
     frames: List[Path] = field(default_factory=list)        # ego yaml of every frame written in this run
 
 
+CAMERA_SETTINGS = ("cameras", "camera_size", "shadows")   # marker settings that change only camera images
+
+
+def _lidar_settings(run: dict) -> dict:
+    return {k: v for k, v in run.items() if k not in CAMERA_SETTINGS}
+
+
+def _reuse_verdict(done: dict, seed: int, split: str, run: dict) -> str:
+    """What to do with a finished scenario whose marker is ``done``, for a run asking ``seed``,
+    ``split`` and settings ``run``: "reuse" (same, or recorded with cameras and none asked), "add
+    cameras" (recorded without cameras, asked with: recorded again, same LiDAR files) or what
+    differs, in words (to be refused unless overwriting)."""
+    if done.get("seed") != seed or done.get("split") != split:
+        return (f"seed {done.get('seed')} / split {done.get('split')!r} recorded, "
+                f"seed {seed} / split {split!r} asked")
+    had = done.get("run") or {}
+    if had == run:
+        return "reuse"
+    if _lidar_settings(had) == _lidar_settings(run) and had.get("cameras") != run.get("cameras"):
+        return "reuse" if had.get("cameras") else "add cameras"
+    keys = sorted(k for k in set(had) | set(run) if had.get(k) != run.get(k))
+    return ", ".join(f"{k}: recorded {had.get(k)!r}, asked {run.get(k)!r}" for k in keys)
+
+
 def _write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -108,9 +144,12 @@ def _record_scenario(world: World, job: _Job, seen: Optional[set] = None,
             raise RuntimeError(f"scenario name {name!r} repeats (scenarios {job.index} and an earlier one); "
                                f"choose another --seed")
         seen.add(name)
+    # an earlier recording's marker goes first: were this one interrupted, its half-written files
+    # must not pass for that finished scenario
+    (out / MARKER_DIR / f"scenario_{job.index:04d}.json").unlink(missing_ok=True)
     for scen_dir in {out / split / name, (het or out) / split / name}:
         if scen_dir.exists():
-            shutil.rmtree(scen_dir)   # left over from an interrupted run
+            shutil.rmtree(scen_dir)   # left over from an interrupted run, or recorded with other settings
     if bar is not None:
         bar.set_postfix_str(f"{split}/{name}")
     paths = []
@@ -131,15 +170,47 @@ def _record_scenario(world: World, job: _Job, seen: Optional[set] = None,
 
 
 _WORKER_WORLD: Optional[World] = None   # the world of a recorder worker process
+_WORKER_PARENT: Optional[int] = None    # the pid of the process that started it
 
 
 def _init_worker(world_factory: Callable[[], World]) -> None:
-    global _WORKER_WORLD
+    global _WORKER_WORLD, _WORKER_PARENT
     _WORKER_WORLD = world_factory()
+    _WORKER_PARENT = os.getppid()
 
 
 def _worker_job(job: _Job) -> Tuple[str, dict, List[Path]]:
+    if os.getppid() != _WORKER_PARENT:
+        # the recorder was killed: starting the next queued scenario would write into a folder that is
+        # no longer locked (another recorder may be writing it)
+        raise SystemExit(f"recorder worker: parent {_WORKER_PARENT} is gone, not starting scenario {job.index}")
     return _record_scenario(_WORKER_WORLD, job)
+
+
+@contextlib.contextmanager
+def _folder_lock(out: Path):
+    """Hold ``out/.gencomm_sim/lock`` while open: a second recorder of the same folder (another job
+    sharing the dataset) waits here, then finds the scenarios finished, instead of writing the same
+    files at the same time. Released when the process ends, however it ends."""
+    path = out / MARKER_DIR / "lock"
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            print(f"{out}: {holder} is recording into this folder; waiting for it to finish", flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}\n")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fh.seek(0)
+            fh.truncate()
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -170,7 +241,7 @@ def _run_pool(jobs: List[_Job], world_factory: Callable[[], World], workers: int
         futures = [pool.submit(_worker_job, job) for job in jobs]
         pending = set(futures)
         while pending:
-            finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)   # progress per scenario
             for f in finished:
                 if f.exception() is not None:
                     pool.shutdown(cancel_futures=True)
@@ -184,13 +255,15 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
            pcd_data: str = "binary", progress: bool = True, settings: Optional[dict] = None,
            hetero_root=None, workers: int = 1,
            world_factory: Optional[Callable[[], World]] = None,
-           layouts: Optional[Sequence[str]] = None) -> RecordResult:
+           layouts: Optional[Sequence[str]] = None, overwrite: bool = False) -> RecordResult:
     """Simulate ``scenarios`` x ``frames`` and write them under ``out``.
 
     ``settings`` (plain YAML types) is stored in each ``data_protocol.yaml``
     under ``recorder`` and in the markers, with the writer's file format and
-    the side tree; a marker whose settings differ from this run's is not
-    trusted (the scenario is recorded again). ``hetero_root``: where the
+    the side tree. A finished scenario whose marker differs from this run (seed,
+    split or settings) is reused or recorded again as the module docstring says;
+    other differences raise ``ValueError`` before anything is written, unless
+    ``overwrite`` (then it is recorded again). ``hetero_root``: where the
     32/16-beam scans and depth images go (None: beside the rest).
 
     ``workers`` > 1 records scenarios in that many processes (spawned), each
@@ -199,8 +272,10 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
     scenario depends only on its own seed, so the files are the same for any
     ``workers``. ``layouts``: the scene family of each scenario index, passed to
     ``world.reset(seed, layout=...)`` (:func:`opencood_ext.sim.families.scenario_layouts`; None: the
-    world's own; ``settings`` should name the plan, so that markers of another plan are not trusted). A repeated scenario name (an unlucky ``seed``) is refused
-    before its files are written with one worker, after the run with several.
+    world's own; ``settings`` should name the plan, so that markers of another plan are not taken
+    for this one). A repeated scenario name (an unlucky ``seed``) is refused before its files are
+    written with one worker, after the run with several. Two recorders of one folder take turns
+    (``.gencomm_sim/lock``); progress is counted per finished scenario.
     """
     if scenarios < 1 or frames < 1:
         raise ValueError(f"need at least one scenario and one frame, got scenarios={scenarios}, frames={frames}")
@@ -213,43 +288,55 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
     het = None if hetero_root is None else Path(hetero_root)
     run = {"seed": int(seed), "frames": int(frames), "pcd_data": pcd_data, "cameras": bool(write_cameras),
            "format": WRITER_FORMAT, "hetero_tree": None if het is None else het.name, **(settings or {})}
-    result = RecordResult(out)
-    todo: List[_Job] = []
-    for k, split in enumerate(plan):
-        marker = marks / f"scenario_{k:04d}.json"
-        sseed = scenario_seed(seed, k)
-        done = json.loads(marker.read_text()) if marker.exists() else None
-        if done is not None and done.get("seed") == sseed and done.get("split") == split \
-                and done.get("run") == run and all((root / split / str(done.get("scenario"))).is_dir()
-                                                   for root in {out, het or out}):
-            result.skipped.append(done["scenario"])
-            result.assignment[done["scenario"]] = done["assignment"]
-            result.splits[done["scenario"]] = split
-        else:
+    with _folder_lock(out):
+        result = RecordResult(out)
+        todo: List[_Job] = []
+        conflicts: List[str] = []
+        for k, split in enumerate(plan):
+            marker = marks / f"scenario_{k:04d}.json"
+            sseed = scenario_seed(seed, k)
+            done = json.loads(marker.read_text()) if marker.exists() else None
+            verdict = "record" if done is None else _reuse_verdict(done, sseed, split, run)
+            if verdict == "reuse" and not all((root / split / str(done.get("scenario"))).is_dir()
+                                              for root in {out, het or out}):
+                verdict = "record"   # a folder of the finished scenario is gone
+            if verdict == "reuse":
+                result.skipped.append(done["scenario"])
+                result.assignment[done["scenario"]] = done["assignment"]
+                result.splits[done["scenario"]] = split
+                continue
+            if verdict not in ("record", "add cameras") and not overwrite:
+                conflicts.append(f"{marker}: {verdict}")
             todo.append(_Job(k, split, sseed, frames, out, het, run, write_cameras, pcd_data,
                              None if layouts is None else layouts[k]))
-    bar = tqdm(total=scenarios * frames, initial=(scenarios - len(todo)) * frames, unit="frame",
-               disable=not progress, desc="simulate")
-    try:
-        if workers > 1 and len(todo) > 1:
-            if world_factory is None:
-                raise ValueError("record(workers > 1) needs world_factory (each worker process builds its own world)")
-            done_jobs = _run_pool(todo, world_factory, workers, bar)
-        else:
-            seen = set(result.splits)
-            done_jobs = [_record_scenario(world, job, seen, bar) for job in todo]
-    finally:
-        bar.close()
-    for job, (name, assignment, paths) in sorted(zip(todo, done_jobs), key=lambda jd: jd[0].index):
-        if name in result.splits:
-            raise RuntimeError(f"scenario name {name!r} repeats (scenarios {job.index} and an earlier one); "
-                               f"choose another --seed")
-        result.recorded.append(name)
-        result.assignment[name] = assignment
-        result.splits[name] = job.split
-        result.frames.extend(paths)
-    write_modality_json(out / MODALITY_JSON, result.assignment)
-    return result
+        if conflicts:
+            raise ValueError(f"{out}: {len(conflicts)} finished scenario(s) were recorded with other settings, "
+                             f"which this run would replace: {'; '.join(conflicts[:3])}"
+                             f"{' ...' if len(conflicts) > 3 else ''}. Record into another folder, or pass "
+                             f"--overwrite (overwrite=True) to record them again")
+        bar = tqdm(total=scenarios * frames, initial=(scenarios - len(todo)) * frames, unit="frame",
+                   disable=not progress, desc="simulate")
+        try:
+            if workers > 1 and len(todo) > 1:
+                if world_factory is None:
+                    raise ValueError("record(workers > 1) needs world_factory "
+                                     "(each worker process builds its own world)")
+                done_jobs = _run_pool(todo, world_factory, workers, bar)
+            else:
+                seen = set(result.splits)
+                done_jobs = [_record_scenario(world, job, seen, bar) for job in todo]
+        finally:
+            bar.close()
+        for job, (name, assignment, paths) in sorted(zip(todo, done_jobs), key=lambda jd: jd[0].index):
+            if name in result.splits:
+                raise RuntimeError(f"scenario name {name!r} repeats (scenarios {job.index} and an earlier one); "
+                                   f"choose another --seed")
+            result.recorded.append(name)
+            result.assignment[name] = assignment
+            result.splits[name] = job.split
+            result.frames.extend(paths)
+        write_modality_json(out / MODALITY_JSON, result.assignment)
+        return result
 
 
 def record_world(world: World, out, split: str = "train", frames: int = 50, scenarios: int = 1, seed: int = 0,
