@@ -298,3 +298,28 @@ def test_an_interrupted_rerecording_is_not_taken_for_the_earlier_recording(recor
     assert tool.main(["-o", str(shared), "--workers", "1"] + TINY) == 0
     assert "recorded 1 scenario(s), skipped 1" in capsys.readouterr().out
     assert _hashes(shared) == before
+
+
+def test_a_run_asking_fewer_scenarios_keeps_the_others_in_the_modality_table(recorded, tmp_path, capsys):
+    """A run for fewer scenarios than the folder holds (e.g. a smaller --test_scenes into a shared test
+    set) skips those it asks for; the others stay on disk and so stay in modality_assignment.json."""
+    import shutil
+    a, _, tool = recorded
+    shared = tmp_path / "shared"
+    shutil.copytree(a, shared)
+    before = _hashes(shared)
+    table = json.loads((shared / MODALITY_JSON).read_text())
+    fewer = [x if x != "2" or i != 1 else "1" for i, x in enumerate(TINY)]
+    assert fewer[:2] == ["--scenarios", "1"]
+    capsys.readouterr()
+    assert tool.main(["-o", str(shared)] + fewer) == 0
+    assert "recorded 0 scenario(s), skipped 1" in capsys.readouterr().out
+    assert json.loads((shared / MODALITY_JSON).read_text()) == table and len(table) == 2
+    assert _hashes(shared) == before
+    gone = next((shared / "validate").iterdir())
+    shutil.rmtree(gone)   # a scenario whose folder was deleted leaves the table
+    assert tool.main(["-o", str(shared)] + fewer) == 0
+    assert set(json.loads((shared / MODALITY_JSON).read_text())) == set(table) - {gone.name}
+    (shared / MODALITY_JSON).write_text("{not json")
+    assert tool.main(["-o", str(shared)] + fewer) == 2
+    assert f"{shared / MODALITY_JSON}: not valid JSON" in capsys.readouterr().err

@@ -39,7 +39,7 @@ import shutil
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from tqdm import tqdm
@@ -335,8 +335,24 @@ def record(world: World, out, scenarios: int, frames: int, seed: int = 0,
             result.assignment[name] = assignment
             result.splits[name] = job.split
             result.frames.extend(paths)
-        write_modality_json(out / MODALITY_JSON, result.assignment)
+        write_modality_json(out / MODALITY_JSON, {**_other_scenarios(out, het, result.splits), **result.assignment})
         return result
+
+
+def _other_scenarios(out: Path, het: Optional[Path], ours: Mapping[str, str]) -> Dict[str, dict]:
+    """The modality entries of scenarios ``out`` holds that this run did not cover (a run asking for
+    fewer scenarios than an earlier one recorded): they stay in ``modality_assignment.json`` as long as
+    their folders are there."""
+    path = out / MODALITY_JSON
+    if not path.is_file():
+        return {}
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}); delete it, the simulator writes it again") from exc
+    on_disk = {p.name for root in {out, het or out} for split in SPLITS if (root / split).is_dir()
+               for p in (root / split).iterdir()}
+    return {name: agents for name, agents in table.items() if name not in ours and name in on_disk}
 
 
 def record_world(world: World, out, split: str = "train", frames: int = 50, scenarios: int = 1, seed: int = 0,

@@ -25,6 +25,7 @@ not written).
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Dict, List, Mapping
@@ -138,10 +139,16 @@ def write_data_protocol(root, split: str, scenario: str, protocol: Mapping) -> P
 
 
 def write_modality_json(path, assignment: Mapping[str, Mapping]) -> Path:
-    """Write ``{scenario: {agent_id_str: type}}`` (sorted keys, HEAL's format)."""
+    """Write ``{scenario: {agent_id_str: type}}`` (sorted keys, HEAL's format), atomically (jobs
+    sharing the dataset read it while a rerun of the simulator writes it) and only when it changes."""
     path = Path(path)
     table: Dict[str, Dict[str, str]] = {
         str(s): {str(a): str(t) for a, t in agents.items()} for s, agents in assignment.items()}
+    text = json.dumps(table, indent=2, sort_keys=True) + "\n"
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
     return path
