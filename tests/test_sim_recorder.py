@@ -323,3 +323,22 @@ def test_a_run_asking_fewer_scenarios_keeps_the_others_in_the_modality_table(rec
     (shared / MODALITY_JSON).write_text("{not json")
     assert tool.main(["-o", str(shared)] + fewer) == 2
     assert f"{shared / MODALITY_JSON}: not valid JSON" in capsys.readouterr().err
+
+
+def test_reuse_verdict_per_setting():
+    """The rule itself: only the camera switch is tolerated; a camera change of a camera recording is not."""
+    from opencood_ext.sim.recorder import _reuse_verdict
+    base = {"seed": 11, "frames": 2, "format": 2, "cameras": True, "camera_size": [64, 48], "shadows": True}
+    lidar = {**base, "cameras": False, "camera_size": [], "shadows": True}
+    done = {"seed": 5, "split": "train", "run": base}
+    assert _reuse_verdict(done, 5, "train", base) == "reuse"
+    assert _reuse_verdict(done, 5, "train", lidar) == "reuse"
+    assert _reuse_verdict({**done, "run": lidar}, 5, "train", base) == "add cameras"
+    assert _reuse_verdict(done, 5, "train", {**base, "camera_size": [400, 300]}) == \
+        "camera_size: recorded [64, 48], asked [400, 300]"
+    assert _reuse_verdict(done, 5, "train", {**lidar, "frames": 3}) == \
+        "camera_size: recorded [64, 48], asked [], cameras: recorded True, asked False, frames: recorded 2, asked 3"
+    assert _reuse_verdict(done, 6, "train", base) == "seed 5 / split 'train' recorded, seed 6 / split 'train' asked"
+    assert _reuse_verdict(done, 5, "test", base).endswith("split 'test' asked")
+    assert _reuse_verdict({**done, "run": {k: v for k, v in lidar.items() if k != "cameras"}}, 5, "train", base) \
+        == "camera_size: recorded [], asked [64, 48], cameras: recorded None, asked True"

@@ -100,8 +100,11 @@ def _reuse_verdict(done: dict, seed: int, split: str, run: dict) -> str:
     had = done.get("run") or {}
     if had == run:
         return "reuse"
-    if _lidar_settings(had) == _lidar_settings(run) and had.get("cameras") != run.get("cameras"):
-        return "reuse" if had.get("cameras") else "add cameras"
+    if _lidar_settings(had) == _lidar_settings(run):
+        if had.get("cameras") is True and run.get("cameras") is False:
+            return "reuse"
+        if had.get("cameras") is False and run.get("cameras") is True:
+            return "add cameras"
     keys = sorted(k for k in set(had) | set(run) if had.get(k) != run.get(k))
     return ", ".join(f"{k}: recorded {had.get(k)!r}, asked {run.get(k)!r}" for k in keys)
 
