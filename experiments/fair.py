@@ -58,11 +58,15 @@ def flat_rows(group: Group) -> List[dict]:
     return out
 
 
+WALL_NOTE = ("Wall time is the sum of a run's epoch times as its train log records them, under whatever else "
+             "shared the machine then; the budget that is equal by construction is the optimizer steps.")
+
+
 def main_budget_section(group: Group) -> List[str]:
     """What each main-table row trained: optimizer steps, training wall time and trainable parameters
     (per seed when they differ)."""
     methods = _common(group.archives, lambda a: [r.method for r in a.rows])
-    lines = ["", "What each main-table row trained (per seed when the seeds differ):", "",
+    lines = ["", f"What each main-table row trained (per seed when the seeds differ). {WALL_NOTE}", "",
              "| method | optimizer steps | training wall time (s) | trainable params |", "|---|---|---|---|"]
     for m in methods:
         rows = [a.row(m) for a in group.archives]
@@ -84,7 +88,7 @@ def bench_section(group: Group, resamples: int) -> List[str]:
              f"{types[0][0]}", "",
              "AP@0.5 as the alliance grows, mean ± sample std over the training seeds; the full alliance's "
              "AP@0.7 too; what each row trained (optimizer steps and onboarding wall time, per seed when they "
-             "differ).", "",
+             f"differ). {WALL_NOTE}", "",
              "| method | " + " | ".join(head) + " | full, AP@0.7 | optimizer steps | wall time (s) | trainable params |",
              "|---|" + "---|" * (len(head) + 4)]
     for m in methods:

@@ -106,6 +106,8 @@ def test_fair_benchmark_rows_checks_and_report(tmp_path):
     assert "## Protocol `equalized`: training seeds 0, 1, 2" in report and "## Protocol `reference`: training seeds 0" in report
     assert "| GenComm (m3 onboarded) | 0.600 ± 0.100 | 0.700 ± 0.100 | 0.700 ± 0.100 | 288 | 5 | 10 |" in report
     assert "| BackAlign (m3 onboarded) | 0.100 ± 0.000 | 0.500 ± 0.000 |" in report
+    # every budget table (main and benchmark, each protocol) says seconds are not the equalized budget
+    assert report.count("the budget that is equal by construction is the optimizer steps") == 4
     line = next(ln for ln in report.splitlines() if ln.startswith("| BackAlign (m3 onboarded) | **-0.500"))
     assert "-0.400*, -0.500*, -0.600*" in line  # {m1}: 1 vs 5, 6, 7 hit scenes
     assert "Significant in every seed: BackAlign (m3 onboarded) below GenComm ({m1}, AP@0.5)" in report
