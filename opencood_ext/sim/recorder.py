@@ -44,6 +44,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 from tqdm import tqdm
 
+from opencood_ext.atomic_files import atomic_write_json
 from opencood_ext.data.formats import write_data_protocol, write_modality_json, write_opv2v_frame
 from opencood_ext.data.formats.opv2v_writer import WRITER_FORMAT
 
@@ -109,12 +110,6 @@ def _reuse_verdict(done: dict, seed: int, split: str, run: dict) -> str:
     return ", ".join(f"{k}: recorded {had.get(k)!r}, asked {run.get(k)!r}" for k in keys)
 
 
-def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 @dataclass(frozen=True)
 class _Job:
     """One scenario to record (everything a worker process needs besides its world)."""
@@ -166,9 +161,9 @@ def _record_scenario(world: World, job: _Job, seen: Optional[set] = None,
             bar.update(1)
     assignment = {str(a.agent_id): a.agent_type for a in world.agents}
     write_data_protocol(out, split, name, {**world.protocol(), "recorder": job.run})
-    _write_json_atomic(out / MARKER_DIR / f"scenario_{job.index:04d}.json",
-                       {"index": job.index, "seed": job.seed, "split": split, "scenario": name,
-                        "assignment": assignment, "run": job.run})
+    atomic_write_json(out / MARKER_DIR / f"scenario_{job.index:04d}.json",
+                      {"index": job.index, "seed": job.seed, "split": split, "scenario": name,
+                       "assignment": assignment, "run": job.run}, indent=2, sort_keys=True)
     return name, assignment, paths
 
 

@@ -44,7 +44,6 @@ import os
 import pickle
 import random
 import re
-import secrets
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
@@ -52,6 +51,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..atomic_files import _fsync_dir, atomic_write_bytes  # noqa: F401  (re-exported: runlog, runfolder)
 from ..run_folder import CheckpointPaths  # noqa: F401  (the file names live with the run folder's)
 
 FORMAT_VERSION = 2
@@ -72,39 +72,6 @@ class UnsafeCheckpointError(CheckpointError):
 _LEGACY_NUMPY_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32)),
                          (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")]
 _GLOBAL_NAME = re.compile(r"GLOBAL ([\w.]+)")
-
-
-# ---------------------------------------------------------------- atomic files
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (tmp file in the same folder + os.replace)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies, unlike mkstemp's 0600
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return  # not supported on this platform / filesystem: the replace itself is still atomic
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(state: Mapping, paths: Iterable[str | os.PathLike]) -> None:

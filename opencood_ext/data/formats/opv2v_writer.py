@@ -25,13 +25,13 @@ not written).
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Dict, List, Mapping
 
 import numpy as np
 
+from ...atomic_files import atomic_write_bytes
 from ...geometry import matrix_to_pose, pose_to_matrix
 from ..frame import AgentObs, CameraObs, Frame, ObjectLabel
 from .bev_visibility import visibility_mask, write_visibility_png
@@ -147,8 +147,5 @@ def write_modality_json(path, assignment: Mapping[str, Mapping]) -> Path:
     text = json.dumps(table, indent=2, sort_keys=True) + "\n"
     if path.is_file() and path.read_text(encoding="utf-8") == text:
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_bytes(path, text.encode("utf-8"))
     return path
