@@ -31,7 +31,6 @@ marker and the setting, unless ``overwrite`` is given.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import multiprocessing
 import os
@@ -47,6 +46,7 @@ from tqdm import tqdm
 from opencood_ext.atomic_files import atomic_write_json
 from opencood_ext.data.formats import write_data_protocol, write_modality_json, write_opv2v_frame
 from opencood_ext.data.formats.opv2v_writer import WRITER_FORMAT
+from opencood_ext.file_lock import HeldLock
 
 from .world import World
 
@@ -187,28 +187,18 @@ def _worker_job(job: _Job) -> Tuple[str, dict, List[Path]]:
 
 @contextlib.contextmanager
 def _folder_lock(out: Path):
-    """Hold ``out/.gencomm_sim/lock`` while open: a second recorder of the same folder (another job
-    sharing the dataset) waits here, then finds the scenarios finished, instead of writing the same
-    files at the same time. Released when the process ends, however it ends."""
-    path = out / MARKER_DIR / "lock"
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            print(f"{out}: {holder} is recording into this folder; waiting for it to finish", flush=True)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()}\n")
-        fh.flush()
-        try:
-            yield
-        finally:
-            fh.seek(0)
-            fh.truncate()
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    """Hold ``out/.gencomm_sim/lock`` while open (:class:`~opencood_ext.file_lock.HeldLock`): a second
+    recorder of the same folder (another job sharing the dataset) waits here, then finds the scenarios
+    finished, instead of writing the same files at the same time. Released when the process ends,
+    however it ends; emptied when it ends normally."""
+    def busy(holder: str) -> None:
+        print(f"{out}: {holder or 'another process'} is recording into this folder; waiting for it to finish",
+              flush=True)
+    lock = HeldLock(out / MARKER_DIR / "lock", busy)
+    try:
+        yield
+    finally:
+        lock.release("")
 
 
 @contextlib.contextmanager

@@ -44,14 +44,13 @@ a killed run never leaves the folder locked.
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
-import socket
 from pathlib import Path
 from typing import Callable, Optional, Tuple
 
+from ..file_lock import HeldLock
 from ..run_folder import CheckpointPaths, RunFolder
 from .checkpoint import (CheckpointError, UnsafeCheckpointError, _fsync_dir, atomic_write_bytes,
                          load_checkpoint)
@@ -68,44 +67,25 @@ class RunFolderBusy(CheckpointError):
 
 
 class WriterLock:
-    """Exclusive, non-blocking ``flock`` on ``<run_dir>/.writer.lock`` (created with the folder).
+    """Exclusive, non-blocking lock on ``<run_dir>/.writer.lock`` (:class:`~opencood_ext.file_lock.HeldLock`).
 
     Two trainers writing one folder would interleave train_log.jsonl records and checkpoints,
-    and each one's resume clean-up would cut the other's log. The lock file stays in place
-    (deleting it would let two processes lock two different files); its text names the holder.
+    and each one's resume clean-up would cut the other's log: the second stops with
+    :class:`RunFolderBusy`, naming the holder, before it changes anything.
     """
 
     def __init__(self, run_dir: Path):
-        path = RunFolder(run_dir).writer_lock
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "a+", encoding="utf-8")
-        try:
-            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._file.seek(0)
-            holder = self._file.read().strip() or "an unknown process"
-            self._file.close()
-            raise RunFolderBusy(f"{run_dir}: another process is training into this run folder ({holder}); "
-                                "two writers would interleave its checkpoints and train_log.jsonl. "
-                                "Wait for it to finish, stop it, or give another output folder") from None
-        self._file.seek(0)
-        self._previous = self._file.read()
-        self._file.seek(0)
-        self._file.truncate()
-        self._file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        self._file.flush()
+        def busy(holder: str) -> None:
+            raise RunFolderBusy(f"{run_dir}: another process is training into this run folder "
+                                f"({holder or 'an unknown process'}); two writers would interleave its "
+                                "checkpoints and train_log.jsonl. Wait for it to finish, stop it, or give "
+                                "another output folder") from None
+        self._lock = HeldLock(RunFolder(run_dir).writer_lock, busy)
 
     def release(self, restore: bool = False) -> None:
         """Unlock. ``restore``: put the text the file held before back first (a start that
         failed its checks leaves every file of the folder as it found it)."""
-        if self._file is not None and not self._file.closed:
-            if restore:
-                self._file.seek(0)
-                self._file.truncate()
-                self._file.write(self._previous)
-                self._file.flush()
-            fcntl.flock(self._file, fcntl.LOCK_UN)
-            self._file.close()
+        self._lock.release(self._lock.previous if restore else None)
 
 
 def _pid_alive(pid: int) -> bool:
