@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The fair benchmark (issue 31) end to end: training seeds 0, 1 and 2 under protocol `equalized`
+# (every method, all four agent types, every GenComm onboarding epoch scored on the test set) and the
+# LiDAR pair m1, m3 under protocol `reference`, as four main jobs run JOBS at a time on one shared
+# dataset, then their seed archives combined into ARCHIVE (results.json, REPORT.md).
+#
+#   bash scripts/fair_benchmark.sh [--jobs N] [--out DIR] [--data DIR] [--archive DIR] [--dry_run]
+#
+# Every job is resumable: after a stop, the same command goes on where each job was. A job's log is
+# OUT/logs/<job>.log; a job that fails stops the script once the running ones end (the others keep
+# their progress). --dry_run prints the commands and runs nothing. Defaults: --jobs 2 (one core each
+# on a 2-core machine), --out results_fair, --data data/sim, --archive archive/fair_benchmark.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=2 out=results_fair data=data/sim archive=archive/fair_benchmark dry=0
+usage() { sed -n 7p "$0" | sed 's/^#   /usage: /' >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --jobs) [ $# -ge 2 ] || usage; jobs=$2; shift 2 ;;
+    --out) [ $# -ge 2 ] || usage; out=$2; shift 2 ;;
+    --data) [ $# -ge 2 ] || usage; data=$2; shift 2 ;;
+    --archive) [ $# -ge 2 ] || usage; archive=$2; shift 2 ;;
+    --dry_run) dry=1; shift ;;
+    *) echo "fair_benchmark.sh: unknown argument $1" >&2; usage ;;
+  esac
+done
+case "$jobs" in ''|*[!0-9]*|0) echo "fair_benchmark.sh: --jobs must be a positive integer, got '$jobs'" >&2; exit 2 ;; esac
+
+# name and arguments of each main job, in the order they start
+names=(seed0 seed1 seed2 reference)
+args=("--seeds 0 --score_epochs gencomm"
+      "--seeds 1 --score_epochs gencomm"
+      "--seeds 2 --score_epochs gencomm"
+      "--seeds 0 --protocol reference --benchmark_types m1,m3")
+threads=$(( $(nproc) / jobs )); [ "$threads" -ge 1 ] || threads=1
+command_of() {  # the job's command line (--out and --data as given, relative to the checkout)
+  echo "python tools/reproduce.py --data $data --out $out/$1 --no_robustness $2"
+}
+combine="python tools/fair_benchmark.py $out/seed0/seeds/seed0 $out/seed1/seeds/seed1 $out/seed2/seeds/seed2 $out/reference/seeds/seed0 -o $archive"
+if [ "$dry" = 1 ]; then
+  for i in "${!names[@]}"; do command_of "${names[$i]}" "${args[$i]}"; done
+  echo "$combine"
+  exit 0
+fi
+
+bash scripts/setup_env.sh
+mkdir -p "$out/logs"
+run_job() {  # name, arguments; a failure leaves OUT/logs/<name>.failed
+  local log="$out/logs/$1.log"
+  rm -f "$out/logs/$1.failed"
+  echo "[fair] $1 started ($threads thread(s)): $(command_of "$1" "$2") > $log"
+  # shellcheck disable=SC2086  # the arguments are words
+  if OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads .venv/bin/python tools/reproduce.py \
+       --data "$data" --out "$out/$1" --no_robustness $2 > "$log" 2>&1; then
+    echo "[fair] $1 finished"
+  else
+    touch "$out/logs/$1.failed"
+    echo "[fair] $1 failed; its log: $log" >&2
+  fi
+}
+failures() { ls "$out"/logs/*.failed 2>/dev/null | wc -l; }
+rm -f "$out"/logs/*.failed
+for i in "${!names[@]}"; do
+  while [ "$(jobs -pr | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  [ "$(failures)" = 0 ] || break   # start nothing new after a failure
+  run_job "${names[$i]}" "${args[$i]}" &
+done
+wait
+if [ "$(failures)" != 0 ]; then
+  echo "[fair] a job failed: fix it, then rerun this command to resume" >&2
+  exit 1
+fi
+echo "[fair] $combine"
+.venv/bin/python tools/fair_benchmark.py "$out/seed0/seeds/seed0" "$out/seed1/seeds/seed1" "$out/seed2/seeds/seed2" \
+    "$out/reference/seeds/seed0" -o "$archive"

@@ -1,0 +1,95 @@
+"""scripts/fair_benchmark.sh, the fair benchmark's four main jobs run N at a time: the commands it
+runs, at most N at once, nothing new after a failure, the combining step last and only when all
+finished. The jobs are a stand-in python that records its arguments (the real jobs take hours)."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fair_benchmark.sh"
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# records its call; a job whose --out ends in $FAIL fails; counts the jobs running beside it
+echo "$*" >> "$ROOT/calls.log"
+mkdir -p "$ROOT/running"; touch "$ROOT/running/$$"
+ls "$ROOT/running" | wc -l >> "$ROOT/concurrency.log"
+sleep 0.3
+rm -f "$ROOT/running/$$"
+case "$*" in *"/$FAIL "*) exit 1 ;; esac
+exit 0
+"""
+
+
+def _checkout(tmp_path):
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, root / "scripts" / SCRIPT.name)
+    (root / "scripts" / "setup_env.sh").write_text("exit 0\n")
+    (root / ".venv" / "bin").mkdir(parents=True)
+    fake = root / ".venv" / "bin" / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    return root
+
+
+def _run(root, *args, fail="none"):
+    env = {**os.environ, "ROOT": str(root), "FAIL": fail}
+    return subprocess.run(["bash", str(root / "scripts" / SCRIPT.name), *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _calls(root):
+    return (root / "calls.log").read_text().splitlines()
+
+
+def test_the_four_jobs_run_two_at_a_time_then_the_archive_is_combined(tmp_path):
+    root = _checkout(tmp_path)
+    res = _run(root, "--jobs", "2", "--out", "R", "--data", "D")
+    assert res.returncode == 0, res.stderr
+    calls = _calls(root)
+    jobs, combine = calls[:4], calls[4:]
+    assert sorted(jobs) == sorted([
+        "tools/reproduce.py --data D --out R/seed0 --no_robustness --seeds 0 --score_epochs gencomm",
+        "tools/reproduce.py --data D --out R/seed1 --no_robustness --seeds 1 --score_epochs gencomm",
+        "tools/reproduce.py --data D --out R/seed2 --no_robustness --seeds 2 --score_epochs gencomm",
+        "tools/reproduce.py --data D --out R/reference --no_robustness --seeds 0 --protocol reference "
+        "--benchmark_types m1,m3"])
+    assert combine == ["tools/fair_benchmark.py R/seed0/seeds/seed0 R/seed1/seeds/seed1 R/seed2/seeds/seed2 "
+                       "R/reference/seeds/seed0 -o archive/fair_benchmark"]
+    assert max(int(n) for n in (root / "concurrency.log").read_text().split()[:4]) <= 2
+    for name in ("seed0", "seed1", "seed2", "reference"):
+        assert f"[fair] {name} finished" in res.stdout
+        assert (root / "R" / "logs" / f"{name}.log").is_file()
+
+
+def test_a_failed_job_stops_new_starts_and_the_combining(tmp_path):
+    root = _checkout(tmp_path)
+    res = _run(root, "--jobs", "1", "--out", "R", fail="seed0")
+    assert res.returncode == 1
+    assert _calls(root) == ["tools/reproduce.py --data data/sim --out R/seed0 --no_robustness --seeds 0 "
+                            "--score_epochs gencomm"]   # one job at a time: nothing after seed0
+    assert "seed0 failed; its log: R/logs/seed0.log" in res.stderr and "rerun this command to resume" in res.stderr
+    # the rerun resumes: seed0 runs again and, once it works, everything else follows
+    res = _run(root, "--jobs", "1", "--out", "R")
+    assert res.returncode == 0, res.stderr
+    assert len(_calls(root)) == 1 + 5 and not list((root / "R" / "logs").glob("*.failed"))
+
+
+@pytest.mark.parametrize("args, message", [(["--jobs", "0"], "--jobs must be a positive integer"),
+                                           (["--jobs"], "usage"), (["--seeds", "1"], "unknown argument --seeds")])
+def test_bad_arguments_exit_2_before_anything_runs(tmp_path, args, message):
+    root = _checkout(tmp_path)
+    res = _run(root, *args)
+    assert res.returncode == 2 and message in res.stderr
+    assert not (root / "calls.log").exists()
+
+
+def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
+    root = _checkout(tmp_path)
+    res = _run(root, "--dry_run")
+    assert res.returncode == 0
+    lines = res.stdout.splitlines()
+    assert len(lines) == 5 and lines[0].startswith("python tools/reproduce.py --data data/sim --out results_fair/seed0")
+    assert not (root / "calls.log").exists()
