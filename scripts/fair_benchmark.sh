@@ -4,15 +4,18 @@
 # LiDAR pair m1, m3 under protocol `reference`, as four main jobs run JOBS at a time on one shared
 # dataset, then their seed archives combined into ARCHIVE (results.json, REPORT.md).
 #
-#   bash scripts/fair_benchmark.sh [--jobs N] [--out DIR] [--data DIR] [--archive DIR] [--dry_run]
+#   bash scripts/fair_benchmark.sh [--jobs N] [--out DIR] [--data DIR] [--archive DIR] [--quick] [--dry_run]
 #
 # Every job is resumable: after a stop, the same command goes on where each job was. A job's log is
 # OUT/logs/<job>.log; a job that fails stops the script once the running ones end (the others keep
-# their progress). --dry_run prints the commands and runs nothing. Defaults: --jobs 2 (one core each
-# on a 2-core machine), --out results_fair, --data data/sim, --archive archive/fair_benchmark.
+# their progress). --dry_run prints the commands and runs nothing. --quick: every job on the quick
+# profile's tiny data (a smoke run of the whole chain in well under an hour; its archive goes to
+# OUT/fair_benchmark unless --archive is given). Defaults: --jobs 2 (one core each on a 2-core
+# machine), --out results_fair (results_fair_quick), --data data/sim (data/sim_quick),
+# --archive archive/fair_benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=2 out=results_fair data=data/sim archive=archive/fair_benchmark dry=0
+jobs=2 out="" data="" archive="" dry=0 quick=""
 usage() { sed -n 7p "$0" | sed 's/^#   /usage: /' >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -21,9 +24,15 @@ while [ $# -gt 0 ]; do
     --data) [ $# -ge 2 ] || usage; data=$2; shift 2 ;;
     --archive) [ $# -ge 2 ] || usage; archive=$2; shift 2 ;;
     --dry_run) dry=1; shift ;;
+    --quick) quick=" --quick"; shift ;;
     *) echo "fair_benchmark.sh: unknown argument $1" >&2; usage ;;
   esac
 done
+if [ -n "$quick" ]; then
+  out=${out:-results_fair_quick} data=${data:-data/sim_quick} archive=${archive:-$out/fair_benchmark}
+else
+  out=${out:-results_fair} data=${data:-data/sim} archive=${archive:-archive/fair_benchmark}
+fi
 case "$jobs" in ''|*[!0-9]*|0) echo "fair_benchmark.sh: --jobs must be a positive integer, got '$jobs'" >&2; exit 2 ;; esac
 
 # name and arguments of each main job, in the order they start
@@ -32,9 +41,10 @@ args=("--seeds 0 --score_epochs gencomm"
       "--seeds 1 --score_epochs gencomm"
       "--seeds 2 --score_epochs gencomm"
       "--seeds 0 --protocol reference --benchmark_types m1,m3")
-threads=$(( $(nproc) / jobs )); [ "$threads" -ge 1 ] || threads=1
+threads=${OMP_NUM_THREADS:-$(( $(nproc) / jobs ))}  # a count the user set wins; else the cores shared out
+[ "$threads" -ge 1 ] 2>/dev/null || threads=1
 command_of() {  # the job's command line (--out and --data as given, relative to the checkout)
-  echo "python tools/reproduce.py --data $data --out $out/$1 --no_robustness $2"
+  echo "python tools/reproduce.py --data $data --out $out/$1 --no_robustness$quick $2"
 }
 combine="python tools/fair_benchmark.py $out/seed0/seeds/seed0 $out/seed1/seeds/seed1 $out/seed2/seeds/seed2 $out/reference/seeds/seed0 -o $archive"
 if [ "$dry" = 1 ]; then
@@ -51,7 +61,7 @@ run_job() {  # name, arguments; a failure leaves OUT/logs/<name>.failed
   echo "[fair] $1 started ($threads thread(s)): $(command_of "$1" "$2") > $log"
   # shellcheck disable=SC2086  # the arguments are words
   if OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads .venv/bin/python tools/reproduce.py \
-       --data "$data" --out "$out/$1" --no_robustness $2 > "$log" 2>&1; then
+       --data "$data" --out "$out/$1" --no_robustness$quick $2 > "$log" 2>&1; then
     echo "[fair] $1 finished"
   else
     touch "$out/logs/$1.failed"

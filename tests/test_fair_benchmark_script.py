@@ -93,3 +93,24 @@ def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
     lines = res.stdout.splitlines()
     assert len(lines) == 5 and lines[0].startswith("python tools/reproduce.py --data data/sim --out results_fair/seed0")
     assert not (root / "calls.log").exists()
+
+
+def test_quick_keeps_its_runs_and_archive_apart_from_the_real_ones(tmp_path):
+    root = _checkout(tmp_path)
+    lines = _run(root, "--quick", "--dry_run").stdout.splitlines()
+    assert lines[0] == ("python tools/reproduce.py --data data/sim_quick --out results_fair_quick/seed0 "
+                        "--no_robustness --quick --seeds 0 --score_epochs gencomm")
+    assert lines[-1].endswith("-o results_fair_quick/fair_benchmark")  # never archive/fair_benchmark
+
+
+def test_a_thread_count_the_user_set_wins(tmp_path):
+    root = _checkout(tmp_path)
+    env = {**os.environ, "ROOT": str(root), "FAIL": "none", "OMP_NUM_THREADS": "3"}
+    res = subprocess.run(["bash", str(root / "scripts" / SCRIPT.name), "--jobs", "4"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.count("(3 thread(s))") == 4
+    env.pop("OMP_NUM_THREADS")
+    res = subprocess.run(["bash", str(root / "scripts" / SCRIPT.name), "--jobs", "4"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    shared = max(1, len(os.sched_getaffinity(0)) // 4)  # what nproc counts
+    assert res.returncode == 0 and res.stdout.count(f"({shared} thread(s))") == 4
