@@ -321,7 +321,8 @@ def seed_section(archives: Sequence[SeedArchive], resamples: int = 1000) -> List
             for k, t in enumerate(THRESHOLDS):
                 d, sig = pooled.diff["global"][k], bool(pooled.significant("global")[k])
                 every = holds_every_seed(per_seed, pooled, t)
-                claim = f"{m} {'above' if d > 0 else 'below'} {ref.split(' (')[0]} at AP@{t}"
+                side = "above" if d > 0 else "below" if d < 0 else "equal to"
+                claim = f"{m} {side} {ref.split(' (')[0]} at AP@{t}"
                 verdicts["every" if every else "pooled" if sig else "no"].append(claim)
             lines.append(f"| {m} | " + " | ".join(_paired_cells(per_seed, pooled)) + " |")
     lines += ["", "What cooperation adds: each row's AP minus the same weights' AP with the collaborators off "

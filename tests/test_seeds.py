@@ -162,6 +162,14 @@ def test_seed_section_verdicts(tmp_path):
     assert "| GenComm (m3 onboarded) | 0.700 (7 of 10) | 0.700 (7 of 10) | 0.600 (6 of 10) |" in text
 
 
+def test_a_row_level_with_the_reference_is_called_equal(tmp_path):
+    hits = {"No fusion": (7, 7), "Late fusion": (10, 4), "GenComm (m3 onboarded)": (7, 5)}  # no fusion = GenComm
+    for s in (0, 1):
+        archive_seed(_rows(tmp_path, s, hits), s, tmp_path / "seeds", {"profile": "default", "data_seed": 0})
+    text = "\n".join(seed_section(load_archives([tmp_path / "seeds" / f"seed{s}" for s in (0, 1)]), resamples=100))
+    assert "No fusion equal to GenComm at AP@0.5" in text and "No fusion below GenComm" not in text
+
+
 def test_archives_of_different_experiments_are_refused(tmp_path):
     folders = _archives(tmp_path, seeds=(0, 1))
     other = _archives(tmp_path / "x", seeds=(2,), meta={"profile": "default", "data_seed": 5})

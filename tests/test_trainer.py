@@ -263,3 +263,26 @@ def test_float32_is_the_default_and_a_bad_amp_is_refused():
     assert TrainConfig().amp is None
     with pytest.raises(ValueError, match=r"TrainConfig\.amp must be None, bf16 or fp16, got 'fp8'"):
         TrainConfig(amp="fp8")
+
+
+def _epoch_records(run_dir):
+    return [r for r in map(json.loads, (run_dir / "train_log.jsonl").read_text().splitlines()) if r["kind"] == "epoch"]
+
+
+def test_epochs_record_their_thread_count_and_a_resume_under_another_warns(tmp_path, caplog):
+    """Results depend on the intra-op thread count (CPU kernels reduce in another order), so every epoch
+    says what it ran with, and a resume under another count says it will not be bit-exact."""
+    _run(tmp_path, _cfg(epochs=1))
+    assert [r["threads"] for r in _epoch_records(tmp_path)] == [torch.get_num_threads()] == [1]
+    with caplog.at_level("WARNING", logger="opencood_ext.training"):
+        _run(tmp_path, _cfg(epochs=2))  # same count: silent
+    assert "intra-op thread" not in caplog.text
+    try:
+        torch.set_num_threads(2)
+        with caplog.at_level("WARNING", logger="opencood_ext.training"):
+            result, _ = _run(tmp_path, _cfg(epochs=3))
+    finally:
+        torch.set_num_threads(1)
+    assert f"{tmp_path}: epoch 2 trained with 1 intra-op thread(s), this resume has 2" in caplog.text
+    assert "OMP_NUM_THREADS=1 to resume it exactly" in caplog.text
+    assert [r["threads"] for r in _epoch_records(tmp_path)] == [1, 1, 2] == [h["threads"] for h in result.history]

@@ -90,7 +90,8 @@ class TrainResult:
     history: one dict per completed epoch: ``epoch``, ``lr`` (during the epoch),
     ``train_loss`` + ``train_<part>`` (mean over the epoch's steps in this
     process group; a mid-epoch checkpoint carries the partial sums, so a resumed
-    epoch reports the same means), ``steps``, ``time_s`` (training time of the
+    epoch reports the same means), ``steps``, ``threads`` (torch's intra-op threads: results depend on
+    them, see :meth:`Trainer._warn_if_threads_changed`), ``time_s`` (training time of the
     epoch, the part before a mid-epoch checkpoint included), and when validated
     ``val_loss`` (total) + ``val_detection_loss`` (when the model returns it) + ``val_<part>``
     and ``best_epoch`` (the epoch ``best.pth`` holds after this one).
@@ -295,7 +296,7 @@ class Trainer(Resumable):
         self._acc = None
         means = D.all_reduce_means({k: float(v) for k, v in sums.items()}, float(acc["steps"]))
         return {"train_" + k if k != "loss" else "train_loss": v for k, v in means.items()} | {
-            "steps": total_steps, "time_s": time.time() - acc["t0"]}
+            "steps": total_steps, "time_s": time.time() - acc["t0"], "threads": torch.get_num_threads()}
 
     @torch.no_grad()
     def validate(self) -> Dict[str, float]:
@@ -337,6 +338,17 @@ class Trainer(Resumable):
         means = D.all_reduce_means({k: float(v) for k, v in sums.items()}, float(count))
         return {"val_" + k: v for k, v in means.items()}
 
+    def _warn_if_threads_changed(self) -> None:
+        """A resume under another intra-op thread count goes on, but no longer bit-exactly: CPU kernels
+        reduce in another order (a 3x3 convolution's weight gradient already differs between 1 and 2
+        threads), so the run ends with other weights than an uninterrupted one."""
+        before = [h["threads"] for h in self.history if "threads" in h]
+        if before and before[-1] != torch.get_num_threads():
+            log.warning("%s: epoch %d trained with %d intra-op thread(s), this resume has %d; the run goes on, "
+                        "but its weights will differ from an uninterrupted run's in float rounding (set "
+                        "OMP_NUM_THREADS=%d to resume it exactly)", self.run_dir, self.history[-1]["epoch"],
+                        before[-1], torch.get_num_threads(), before[-1])
+
     def fit(self) -> TrainResult:
         """Train to ``config.epochs`` (resuming from ``run_dir`` when it holds latest.pth)."""
         t0, cfg = time.time(), self.config
@@ -350,6 +362,7 @@ class Trainer(Resumable):
                 if resumed:
                     self._log.record("resume", {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
                                                 "global_step": self.global_step})
+                    self._warn_if_threads_changed()
             for epoch in range(self.epoch + 1, cfg.epochs + 1):
                 lr = float(self.optimizer.param_groups[0]["lr"])
                 record = {"epoch": epoch, "lr": lr, **self._train_epoch(epoch)}
