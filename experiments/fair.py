@@ -197,7 +197,7 @@ def report(groups: Sequence[Group], found: Sequence[dict], camera: Sequence[dict
              "(experiments/fair.py says how every figure is computed)."]
     for g in groups:
         a0 = g.archives[0]
-        lines += ["", f"## Protocol `{g.protocol}`: training seeds {', '.join(map(str, g.seeds))}", "",
+        lines += ["", f"## Protocol `{g.protocol}`: training seed{'s' if len(g.seeds) > 1 else ''} {', '.join(map(str, g.seeds))}", "",
                   "Commits and commands: " + "; ".join(f"seed {a.seed}: `{a.meta.get('command', '?')}` at "
                                                       f"{str(a.meta.get('commit') or '?')[:7]}" for a in g.archives)
                   + f". Profile `{a0.meta.get('profile', '?')}`, data seed {a0.meta.get('data_seed', '?')}."]

@@ -109,7 +109,8 @@ def entry_cell(c: Optional[dict]) -> str:
 
 
 def _mean_std_text(values: Sequence[float]) -> str:
-    return "{:.3f} ± {:.3f}".format(*_mean_std(values))
+    """"mean ± sample std" over seeds; one seed has no spread to show, so just its value."""
+    return f"{values[0]:.3f}" if len(values) == 1 else "{:.3f} ± {:.3f}".format(*_mean_std(values))
 
 
 def _common(archives: Sequence[SeedArchive], names: Callable[[SeedArchive], List[str]]) -> List[str]:

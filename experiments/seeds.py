@@ -295,14 +295,16 @@ def seed_section(archives: Sequence[SeedArchive], resamples: int = 1000) -> List
     methods = _methods(archives)
     meta, test = archives[0].meta, archives[0].records(archives[0].rows[0])
     lines = ["## Run-to-run spread over training seeds", "",
-             f"Training seeds {', '.join(map(str, seeds))}: every row trained from scratch once per seed on the same "
+             f"Training seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: every row trained from "
+             "scratch once per seed on the same "
              f"data (profile `{meta.get('profile', '?')}`, data seed {meta.get('data_seed', '?')}, "
              f"{test.num_frames} test frames of {test.num_scenes} scenes). Per-seed archives: "
              + ", ".join(f"`{a.folder}` (commit {str(a.meta.get('commit') or '?')[:7]})" for a in archives) + ".", "",
-             "| method | " + " | ".join(f"AP@{t} mean ± std" for t in THRESHOLDS) + " | AP@0.5 per seed |",
+             "| method | " + " | ".join(f"AP@{t}" + (" mean ± std" if len(seeds) > 1 else "") for t in THRESHOLDS)
+             + " | AP@0.5 per seed |",
              "|---|---|---|---|---|"]
     for e in spread_json(archives):
-        cells = [f"{e[t]['mean']:.3f} ± {e[t]['std']:.3f}" for t in THRESHOLDS]
+        cells = [f"{e[t]['mean']:.3f}" + (f" ± {e[t]['std']:.3f}" if len(seeds) > 1 else "") for t in THRESHOLDS]
         lines.append(f"| {e['method']} | " + " | ".join(cells) + " | "
                      + ", ".join(f"{e['seeds'][str(s)]['0.5']:.3f}" for s in seeds) + " |")
     ref = next((m for m in methods if REFERENCE in m), None)

@@ -103,7 +103,11 @@ def test_fair_benchmark_rows_checks_and_report(tmp_path):
     assert ("equalized", "GenComm (m3 onboarded) minus No fusion (m1 stage-1 model)") in checks
     assert not any(w.startswith("No fusion") for _, w in checks)
     # the report: both protocols, the benchmark's mean ± std over seeds (GenComm {m1}: 5, 6, 7 hit scenes)
-    assert "## Protocol `equalized`: training seeds 0, 1, 2" in report and "## Protocol `reference`: training seeds 0" in report
+    assert "## Protocol `equalized`: training seeds 0, 1, 2" in report and "## Protocol `reference`: training seed 0" in report
+    # one seed has no spread: its value alone, never "± 0.000"
+    ref_part = report.split("## Protocol `reference`")[1]
+    assert "Training seed 0: every row" in ref_part and "| No fusion | 0.400 | 0.400 | 0.400 | 0.400 |" in ref_part
+    assert "± 0.000" not in ref_part.split("### Per scene family")[0].split("What each main-table row trained")[1]
     assert "| GenComm (m3 onboarded) | 0.600 ± 0.100 | 0.700 ± 0.100 | 0.700 ± 0.100 | 288 | 5 | 10 |" in report
     assert "| BackAlign (m3 onboarded) | 0.100 ± 0.000 | 0.500 ± 0.000 |" in report
     # every budget table (main and benchmark, each protocol) says seconds are not the equalized budget
