@@ -70,6 +70,15 @@ run_job() {  # name, arguments; a failure leaves OUT/logs/<name>.failed
 }
 failures() { ls "$out"/logs/*.failed 2>/dev/null | wc -l; }
 rm -f "$out"/logs/*.failed
+set -m  # every job in a process group of its own, so that a stop reaches its python too
+stop() {  # Ctrl-C or kill: end the running jobs (each keeps its checkpoints), then leave
+  trap - INT TERM
+  echo "[fair] stopping the running jobs; each keeps its progress (rerun this command to resume)" >&2
+  for p in $(jobs -p); do kill -TERM -- "-$p" 2>/dev/null || true; done
+  wait
+  exit 130
+}
+trap stop INT TERM
 for i in "${!names[@]}"; do
   while [ "$(jobs -pr | wc -l)" -ge "$jobs" ]; do wait -n || true; done
   [ "$(failures)" = 0 ] || break   # start nothing new after a failure

@@ -114,3 +114,29 @@ def test_a_thread_count_the_user_set_wins(tmp_path):
                          text=True, timeout=120)
     shared = max(1, len(os.sched_getaffinity(0)) // 4)  # what nproc counts
     assert res.returncode == 0 and res.stdout.count(f"({shared} thread(s))") == 4
+
+
+def test_a_stop_ends_the_running_jobs_too(tmp_path):
+    """Ctrl-C (SIGINT) or kill (SIGTERM) on the script reaches each running job's python, not only the
+    script: background jobs of a script ignore SIGINT, so without this they would go on as orphans."""
+    import signal
+    import time
+    root = _checkout(tmp_path)
+    fake = root / ".venv" / "bin" / "python"
+    fake.write_text(FAKE_PYTHON.replace("sleep 0.3", "sleep 60"))
+    env = {**os.environ, "ROOT": str(root), "FAIL": "none"}
+    proc = subprocess.Popen(["bash", str(root / "scripts" / SCRIPT.name), "--jobs", "2", "--out", "R"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    running = root / "running"
+    for _ in range(500):  # until both jobs run (10 s at most)
+        if running.is_dir() and len(list(running.iterdir())) == 2:
+            break
+        time.sleep(0.02)
+    pids = [int(p.name) for p in running.iterdir()]
+    assert len(pids) == 2
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "stopping the running jobs" in err
+    for pid in pids:  # the jobs' processes are gone, not orphans sleeping on
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert len(_calls(root)) == 2  # nothing new started, no combining
