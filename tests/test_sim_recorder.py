@@ -342,3 +342,41 @@ def test_reuse_verdict_per_setting():
     assert _reuse_verdict(done, 5, "test", base).endswith("split 'test' asked")
     assert _reuse_verdict({**done, "run": {k: v for k, v in lidar.items() if k != "cameras"}}, 5, "train", base) \
         == "camera_size: recorded [], asked [64, 48], cameras: recorded None, asked True"
+
+
+def test_an_idle_worker_leaves_once_its_recorder_is_killed(tmp_path):
+    """A recorder killed on its own (SIGKILL, or a kill of its pid alone) used to leave its pool workers
+    waiting on the queue for good, each holding a world; they now exit once their parent is gone."""
+    import os
+    import signal
+    import textwrap
+    import time
+    script = textwrap.dedent("""
+        import os, sys, time
+        from concurrent.futures import ProcessPoolExecutor
+        import multiprocessing
+        from opencood_ext.sim import recorder
+        recorder._PARENT_POLL_S = 0.1
+        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=recorder._init_worker, initargs=(dict,))
+        print(pool.submit(os.getpid).result(), flush=True)   # the worker, idle from here on
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              cwd=str(Path(__file__).resolve().parents[1]))
+    try:
+        worker = int(parent.stdout.readline())
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)  # the recorder dies, as under a kill -9 (never left running)
+        parent.wait()
+
+    def alive(pid):
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        except FileNotFoundError:
+            return False
+    for _ in range(300):  # 30 s at most (the worker's poll: 0.1 s here; 2 s by default)
+        if not alive(worker):
+            break
+        time.sleep(0.1)
+    assert not alive(worker), f"worker {worker} still alive after its recorder was killed"

@@ -35,6 +35,8 @@ import json
 import multiprocessing
 import os
 import shutil
+import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,10 +173,24 @@ _WORKER_WORLD: Optional[World] = None   # the world of a recorder worker process
 _WORKER_PARENT: Optional[int] = None    # the pid of the process that started it
 
 
+_PARENT_POLL_S = 2.0  # how often an idle worker checks that its recorder is still alive
+
+
 def _init_worker(world_factory: Callable[[], World]) -> None:
     global _WORKER_WORLD, _WORKER_PARENT
     _WORKER_WORLD = world_factory()
     _WORKER_PARENT = os.getppid()
+    threading.Thread(target=_exit_when_orphaned, args=(_WORKER_PARENT,), daemon=True).start()
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """A worker whose recorder was killed (SIGKILL, or a kill of the recorder alone, not its process
+    group) would otherwise wait on the pool's queue for good, holding its world (about 450 MB); it
+    leaves once its parent is gone. A scenario it is recording is cut short: its marker is never
+    written, so the next recorder records it again."""
+    while os.getppid() == parent:
+        time.sleep(_PARENT_POLL_S)
+    os._exit(1)
 
 
 def _worker_job(job: _Job) -> Tuple[str, dict, List[Path]]:
