@@ -46,10 +46,11 @@ threads=${OMP_NUM_THREADS:-$(( $(nproc) / jobs ))}  # a count the user set wins;
 command_of() {  # the job's command line (--out and --data as given, relative to the checkout)
   echo "python tools/reproduce.py --data $data --out $out/$1 --no_robustness$quick $2"
 }
-combine="python tools/fair_benchmark.py $out/seed0/seeds/seed0 $out/seed1/seeds/seed1 $out/seed2/seeds/seed2 $out/reference/seeds/seed0 -o $archive"
+combine=(tools/fair_benchmark.py "$out/seed0/seeds/seed0" "$out/seed1/seeds/seed1" "$out/seed2/seeds/seed2"
+         "$out/reference/seeds/seed0" -o "$archive")
 if [ "$dry" = 1 ]; then
   for i in "${!names[@]}"; do command_of "${names[$i]}" "${args[$i]}"; done
-  echo "$combine"
+  echo "python ${combine[*]}"
   exit 0
 fi
 
@@ -89,6 +90,5 @@ if [ "$(failures)" != 0 ]; then
   echo "[fair] a job failed: fix it, then rerun this command to resume" >&2
   exit 1
 fi
-echo "[fair] $combine"
-.venv/bin/python tools/fair_benchmark.py "$out/seed0/seeds/seed0" "$out/seed1/seeds/seed1" "$out/seed2/seeds/seed2" \
-    "$out/reference/seeds/seed0" -o "$archive"
+echo "[fair] python ${combine[*]}"
+.venv/bin/python "${combine[@]}"

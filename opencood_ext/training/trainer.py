@@ -342,12 +342,12 @@ class Trainer(Resumable):
         """A resume under another intra-op thread count goes on, but no longer bit-exactly: CPU kernels
         reduce in another order (a 3x3 convolution's weight gradient already differs between 1 and 2
         threads), so the run ends with other weights than an uninterrupted one."""
-        before = [h["threads"] for h in self.history if "threads" in h]
-        if before and before[-1] != torch.get_num_threads():
+        last = self.history[-1] if self.history else {}  # runs from before epochs recorded it: no threads
+        if last.get("threads", torch.get_num_threads()) != torch.get_num_threads():
             log.warning("%s: epoch %d trained with %d intra-op thread(s), this resume has %d; the run goes on, "
                         "but its weights will differ from an uninterrupted run's in float rounding (set "
-                        "OMP_NUM_THREADS=%d to resume it exactly)", self.run_dir, self.history[-1]["epoch"],
-                        before[-1], torch.get_num_threads(), before[-1])
+                        "OMP_NUM_THREADS=%d to resume it exactly)", self.run_dir, last["epoch"], last["threads"],
+                        torch.get_num_threads(), last["threads"])
 
     def fit(self) -> TrainResult:
         """Train to ``config.epochs`` (resuming from ``run_dir`` when it holds latest.pth)."""
