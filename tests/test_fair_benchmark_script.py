@@ -140,3 +140,53 @@ def test_a_stop_ends_the_running_jobs_too(tmp_path):
     for pid in pids:  # the jobs' processes are gone, not orphans sleeping on
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
     assert len(_calls(root)) == 2  # nothing new started, no combining
+
+
+LOG = """\
+2026-12-04 13:32:29,354 INFO experiments.steps: $ gencomm-sim -o /d/data/sim --scenarios 48
+2026-12-04 13:32:34,975 INFO experiments.steps: $ gencomm-train -y /c/gencomm_stage1_m3.yaml --model_dir /r/seed0/runs/gencomm_stage1_m3 --set data.root=/d
+2026-12-04 13:36:48,304 INFO opencood_ext.training: epoch 3/8  train_loss 1.499  time_s 223.5
+2026-12-04 13:40:50,251 INFO opencood_ext.training: epoch 4/8  train_loss 1.189  time_s 214
+"""
+
+
+def test_status_tells_each_jobs_state_step_and_epoch(tmp_path):
+    """--status reads OUT/logs only: a job with no log is pending, one with a .failed marker failed, one
+    whose recorded script process is alive runs, one whose process is gone stopped (it resumes on a
+    rerun); the step is the log's last driver step, its epoch the last one logged after that step."""
+    import time
+    root = _checkout(tmp_path)
+    logs = root / "R" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "seed0.log").write_text(LOG)
+    alive = subprocess.Popen(["bash", "-c", "sleep 60; : fair_benchmark"])  # stands in for a running job's script
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        (logs / "seed0.pid").write_text(f"{alive.pid}\n")
+        (logs / "seed1.log").write_text(LOG + "2026-12-04 13:41:00,000 INFO experiments.steps: $ gencomm-infer "
+                                              "--model_dir /r/seed1/runs/gencomm_stage1_m3 --fusion_method none\n")
+        (logs / "seed1.pid").write_text(f"{dead.pid}\n")
+        (logs / "reference.log").write_text("Traceback ...\n")
+        (logs / "reference.failed").touch()
+        time.sleep(0.1)
+        res = _run(root, "--status", "--out", "R")
+    finally:
+        alive.kill()
+        alive.wait()
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "[fair] seed0: running; step 2 since 2026-12-04 13:32:34: gencomm-train gencomm_stage1_m3, epoch 4/8 at 13:40:50",
+        "[fair] seed1: stopped (rerun the command to resume); step 3 since 2026-12-04 13:41:00: gencomm-infer "
+        "gencomm_stage1_m3",
+        "[fair] seed2: pending",
+        "[fair] reference: failed (its log: R/logs/reference.log)"]
+    assert not (root / "calls.log").exists()  # nothing ran
+
+
+def test_status_after_a_finished_run(tmp_path):
+    root = _checkout(tmp_path)
+    assert _run(root, "--jobs", "2", "--out", "R").returncode == 0
+    assert not list((root / "R" / "logs").glob("*.pid"))  # removed when each job ended
+    res = _run(root, "--status", "--out", "R")
+    assert res.stdout.splitlines() == [f"[fair] {n}: finished" for n in ("seed0", "seed1", "seed2", "reference")]
