@@ -40,6 +40,17 @@ class Detections:
         return int(self.scores.shape[0])
 
 
+def _flat_with_anchors(head_out: HeadOutput, anchors: torch.Tensor
+                       ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """``head_out.flat()`` -> (cls (B, N, ncls), reg (B, N, 7), dirs or None) plus the anchors as (N, 7)
+    on reg's device and dtype; ValueError when the anchor count is not the head's N."""
+    cls, reg, dirs = head_out.flat()
+    anchors = anchors.reshape(-1, 7).to(reg.device, reg.dtype)
+    if anchors.shape[0] != reg.shape[1]:
+        raise ValueError(f"decode_detections: {anchors.shape[0]} anchors for {reg.shape[1]} head predictions")
+    return cls, reg, dirs, anchors
+
+
 def decode_detections(head_out: HeadOutput, anchors: torch.Tensor, score_threshold: float = 0.2,
                       nms_iou: float = 0.15, max_boxes: int = 150,
                       gt_range: Optional[Sequence[float]] = None, coder: Optional[BoxCoder] = None,
@@ -62,10 +73,7 @@ def decode_detections(head_out: HeadOutput, anchors: torch.Tensor, score_thresho
         return decode_reference(head_out, anchors, score_threshold, nms_iou, gt_range, coder)
     if protocol != "native":
         raise ValueError(f"decode_detections: protocol must be 'native' or 'reference', got {protocol!r}")
-    cls, reg, dirs = head_out.flat()
-    anchors = anchors.reshape(-1, 7).to(reg.device, reg.dtype)
-    if anchors.shape[0] != reg.shape[1]:
-        raise ValueError(f"decode_detections: {anchors.shape[0]} anchors for {reg.shape[1]} head predictions")
+    cls, reg, dirs, anchors = _flat_with_anchors(head_out, anchors)
     results = []
     for b in range(cls.shape[0]):
         scores_all = torch.sigmoid(cls[b].detach().float())  # (N, ncls)
@@ -174,10 +182,7 @@ def reference_candidates(head_out: HeadOutput, anchors: torch.Tensor, score_thre
     makes of one agent's maps before it projects them to the ego (late fusion merges these of
     every agent, :func:`reference_merge`). -> :class:`Detections` in anchor order (NOT sorted by
     score), boxes in the maps' frame."""
-    cls, reg, dirs = head_out.flat()
-    anchors = anchors.reshape(-1, 7).to(reg.device, reg.dtype)
-    if anchors.shape[0] != reg.shape[1]:
-        raise ValueError(f"decode_detections: {anchors.shape[0]} anchors for {reg.shape[1]} head predictions")
+    cls, reg, dirs, anchors = _flat_with_anchors(head_out, anchors)
     results = []
     for b in range(cls.shape[0]):
         prob = torch.sigmoid(cls[b].detach().float())  # (N, ncls)

@@ -2,6 +2,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from opencood_ext.geometry.iou import bev_iou
@@ -95,3 +96,14 @@ def test_untrained_like_output_is_bounded():
     out = HeadOutput(cls=torch.full((1, 2, H, W), 3.0), reg=torch.zeros(1, 14, H, W), dir=None)
     d = decode_detections(out, gen.anchors, max_boxes=150, pre_nms_max=50)[0]
     assert 0 < len(d) <= 50 and torch.all(d.boxes[:, 6] >= -math.pi) and torch.all(d.boxes[:, 6] < math.pi)
+
+
+def test_anchor_count_mismatch_is_named_in_both_protocols():
+    """Anchors from another grid (a config's range or resolution changed) must fail loudly, not
+    decode against the wrong anchors, in the native decoder and in the reference's."""
+    gen = AnchorGenerator(RANGE, (H, W))
+    other = AnchorGenerator(RANGE, (H, W // 2))
+    out = _encode_scene(gen, torch.tensor([[1.2, -0.7, -0.9, 4.1, 1.7, 1.5, 0.2]]), [4.0])
+    for protocol in ("native", "reference"):
+        with pytest.raises(ValueError, match=rf"{other.flat().shape[0]} anchors for {gen.flat().shape[0]} head"):
+            decode_detections(out, other.anchors, nms_iou=0.15, protocol=protocol)
