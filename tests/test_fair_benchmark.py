@@ -147,3 +147,27 @@ def test_fair_benchmark_cli_errors_name_the_file(tmp_path, capsys):
     (old / "rows.json").write_text(json.dumps(doc))
     assert main([str(old), "-o", str(tmp_path / "out2")]) == 2
     assert "rows of several protocols (equalized, reference)" in capsys.readouterr().err
+
+
+def test_fair_benchmark_figure_draws_the_reports_values(tmp_path):
+    """fair_benchmark.png is written beside REPORT.md, which shows it, and it draws every seed's AP@0.5
+    of every row: the main table's and the benchmark's full alliance, per protocol."""
+    from experiments.fair_plot import seed_points
+    from experiments.fair_stats import group_by_protocol
+    folders = _archives(tmp_path)
+    dest = tmp_path / "fair"
+    report = write_fair_benchmark(folders, dest, resamples=50).read_text()
+    png = dest / "fair_benchmark.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert "![AP@0.5 per training seed, every row](fair_benchmark.png)" in report
+    eq, ref = group_by_protocol(sorted(dest.glob("*/seed*")))
+    assert (eq.protocol, eq.seeds, ref.protocol, ref.seeds) == ("equalized", [0, 1, 2], "reference", [0])
+    (main_title, main), (bench_title, bench) = seed_points(eq)
+    assert main_title.startswith("main table") and bench_title == "benchmark: full alliance m1+m3"
+    # GenComm's hits move with the seed (shift = seed - 1): 5, 6, 7 of 10 scenes; no fusion 4 in each
+    assert dict(main)["GenComm (m3 onboarded)"] == pytest.approx([0.5, 0.6, 0.7])
+    assert dict(main)["No fusion"] == pytest.approx([0.4, 0.4, 0.4])
+    assert [m for m, _ in main] == list(MAIN) and [m for m, _ in bench] == list(BENCH)
+    assert dict(bench)["GenComm (m3 onboarded)"] == pytest.approx([0.6, 0.7, 0.8])
+    assert dict(bench)["BackAlign (m3 onboarded)"] == pytest.approx([0.5, 0.5, 0.5])
+    assert dict(seed_points(ref)[0][1])["Late fusion"] == pytest.approx([0.8])
