@@ -42,6 +42,7 @@ def check_fair_archive(folder: Path) -> None:
     assert "## Protocol `equalized`: training seeds 0, 1, 2" in report
     assert "## Protocol `reference`: training seed 0" in report
     assert "### The issue's acceptance checks (AP@0.5)" in report and "### What the camera adds (equalized)" in report
+    assert (folder / "fair_benchmark.png").stat().st_size > 0 and "](fair_benchmark.png)" in report
     assert {c["protocol"] for c in results["checks"]} == {"equalized", "reference"}
 
 
