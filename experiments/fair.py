@@ -4,7 +4,8 @@ per protocol, combined from seed archives (:mod:`experiments.seeds`, version 2) 
     python tools/fair_benchmark.py RESULTS/seeds/seed0 RESULTS/seeds/seed1 ... -o archive/fair_benchmark
 
 writes ``<dest>/<protocol>/seed<s>/`` (copies of the archives), ``<dest>/results.json``,
-``<dest>/REPORT.md`` and its figure ``<dest>/fair_benchmark.png`` (:mod:`experiments.fair_plot`). ``results.json`` holds every row of every seed and protocol, each with
+``<dest>/REPORT.md`` and its figure ``<dest>/fair_benchmark.png`` (:mod:`experiments.fair_plot`).
+``results.json`` holds every row of every seed and protocol, each with
 ``protocol``, ``training_seed``, ``optimizer_steps``, ``trainable_params``, ``train_wall_s`` and
 ``eval`` (``ap``, ``ap_ci``, ``bytes_per_message``; a benchmark row's is its full alliance's, and its
 ``alliances`` give every growing alliance), plus ``checks``: the issue's two acceptance comparisons
@@ -29,8 +30,9 @@ from opencood_ext.eval.bootstrap import bootstrap_ap
 
 from .fair_camera import camera_json, camera_section
 from .fair_plot import plot_fair
-from .fair_stats import (FULL_FEATURE, NO_FUSION, NOT_ONBOARDING, REFERENCE, Group, _budget, _common, _mean_std_text,
-                         bench_getter, bench_methods, compare, diff_cell, diff_json, group_by_protocol, main_getter, protocol_of)
+from .fair_stats import (FULL_FEATURE, NO_FUSION, NOT_ONBOARDING, REFERENCE, Group, _budget, _mean_std_text,
+                         bench_getter, bench_methods, compare, diff_cell, diff_json, group_by_protocol, main_getter,
+                         main_methods, protocol_of)
 from .results import ArchivedEval
 from .seeds import _k, holds_every_seed, load_archive, seed_section
 
@@ -66,7 +68,7 @@ WALL_NOTE = ("Wall time is the sum of a run's epoch times as its train log recor
 def main_budget_section(group: Group) -> List[str]:
     """What each main-table row trained: optimizer steps, training wall time and trainable parameters
     (per seed when they differ)."""
-    methods = _common(group.archives, lambda a: [r.method for r in a.rows])
+    methods = main_methods(group)
     lines = ["", f"What each main-table row trained (per seed when the seeds differ). {WALL_NOTE}", "",
              "| method | optimizer steps | training wall time (s) | trainable params |", "|---|---|---|---|"]
     for m in methods:
@@ -163,7 +165,7 @@ def family_section(group: Group, resamples: int) -> List[str]:
     if len(families) < 2:
         return []
     parts = {f: [s for s, v in fam.items() if v == f] for f in families}
-    main = _common(group.archives, lambda a: [r.method for r in a.rows])
+    main = main_methods(group)
     entries = [("main", m, main_getter(m)) for m in main] + [("benchmark", m, bench_getter(m))
                                                               for m in bench_methods(group)]
     refs = {"main": next((m for m in main if m.startswith(REFERENCE)), None),

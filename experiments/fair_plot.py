@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from .fair_stats import NO_FUSION, REFERENCE, Group, _common, bench_methods  # noqa: E402
+from .fair_stats import NO_FUSION, REFERENCE, Group, bench_methods, main_methods  # noqa: E402
 
 SEED_MARKERS = "os^Dv<>p"  # training seed s draws SEED_MARKERS[s % 8] in every panel
 Panel = Tuple[str, List[Tuple[str, List[float]]]]  # (title, [(method, AP per seed in group order)])
@@ -25,7 +25,7 @@ def seed_points(group: Group, thr: str = "0.5") -> List[Panel]:
     (the main table's rows, then the benchmark's full alliance; a panel without rows is left out)."""
     arcs = group.archives
     main = [(m, [a.row(m).eval.ap["global"][thr] for a in arcs])
-            for m in _common(arcs, lambda a: [r.method for r in a.rows])]
+            for m in main_methods(group)]
     bench = [(m, [a.bench_row(m).alliances[-1].eval.ap["global"][thr] for a in arcs]) for m in bench_methods(group)]
     panels = [("main table: m1 ego, m3 collaborators", main)]
     if bench:

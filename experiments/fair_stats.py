@@ -118,6 +118,11 @@ def _common(archives: Sequence[SeedArchive], names: Callable[[SeedArchive], List
     return [m for m in names(archives[0]) if all(m in names(a) for a in archives[1:])]
 
 
+def main_methods(group: Group) -> List[str]:
+    """The main-table rows every seed of ``group`` has, in the first seed's order."""
+    return _common(group.archives, lambda a: [r.method for r in a.rows])
+
+
 def bench_methods(group: Group) -> List[str]:
     return _common(group.archives, lambda a: [r.method for r in a.benchmark])
 
