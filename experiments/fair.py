@@ -9,9 +9,10 @@ writes ``<dest>/<protocol>/seed<s>/`` (copies of the archives), ``<dest>/results
 ``protocol``, ``training_seed``, ``optimizer_steps``, ``trainable_params``, ``train_wall_s`` and
 ``eval`` (``ap``, ``ap_ci``, ``bytes_per_message``; a benchmark row's is its full alliance's, and its
 ``alliances`` give every growing alliance), plus ``checks``: the issue's two acceptance comparisons
-(full-feature intermediate against no fusion; every competitor's {m1} against no fusion's), each
-pooled over seeds with its interval and per seed, and ``camera``: what each camera type adds to each
-method, with the selected weights and at every scored onboarding epoch (:mod:`experiments.fair_camera`).
+(full-feature intermediate against no fusion; every competitor's {m1} against the benchmark's no
+fusion and the main table's), each pooled over seeds with its interval and per seed, and ``camera``:
+what each camera type adds to each method, with the selected weights and at every scored onboarding
+epoch (:mod:`experiments.fair_camera`).
 
 Statistics: the mean and sample standard deviation of AP over seeds (the run-to-run spread), and
 paired differences against GenComm (or the check's reference) on the same test frames: per seed and
@@ -123,13 +124,21 @@ def bench_section(group: Group, resamples: int) -> List[str]:
 
 def checks(group: Group, resamples: int) -> List[dict]:
     """The issue's acceptance comparisons at AP@0.5, each pooled and per seed: full-feature intermediate
-    minus no fusion (main table), and every onboarding method's {m1} minus no fusion's {m1} (benchmark)."""
+    minus no fusion (main table), and every onboarding method's {m1} minus no fusion twice: against the
+    benchmark's no-fusion row (the ego's stage-1 model with its collaborators off) and against the main
+    table's no fusion (a model trained alone; the same ego LiDAR, test frames and ground truth)."""
     out = []
     items = [(FULL_FEATURE, NO_FUSION, "main table", main_getter(FULL_FEATURE), main_getter(NO_FUSION))]
     nf = next((m for m in bench_methods(group) if m.startswith(NO_FUSION)), None)
+    alone = NO_FUSION in main_methods(group)
     for m in bench_methods(group):
-        if nf is not None and not m.startswith(NOT_ONBOARDING):
+        if m.startswith(NOT_ONBOARDING):
+            continue
+        if nf is not None:
             items.append((m, nf, "benchmark, ego alliance alone", bench_getter(m, 0), bench_getter(nf, 0)))
+        if alone:
+            items.append((m, f"{NO_FUSION} (main table, trained alone)", "benchmark {m1} against the main table",
+                          bench_getter(m, 0), main_getter(NO_FUSION)))
     for a, b, where, ga, gb in items:
         res = compare(group, ga, gb, resamples)
         if res is None:

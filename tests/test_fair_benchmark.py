@@ -101,6 +101,11 @@ def test_fair_benchmark_rows_checks_and_report(tmp_path):
     back = checks[("equalized", "BackAlign (m3 onboarded) minus No fusion (m1 stage-1 model)")]
     assert back["pooled"]["diff"] == pytest.approx(-0.3) and not back["at_least"] and not back["above_every_seed"]
     assert ("equalized", "GenComm (m3 onboarded) minus No fusion (m1 stage-1 model)") in checks
+    # and against the main table's no fusion (trained alone; 4 hit scenes too, on the same test frames)
+    alone = checks[("equalized", "BackAlign (m3 onboarded) minus No fusion (main table, trained alone)")]
+    assert alone["where"] == "benchmark {m1} against the main table" and alone["pooled"]["diff"] == pytest.approx(-0.3)
+    gen = checks[("equalized", "GenComm (m3 onboarded) minus No fusion (main table, trained alone)")]
+    assert [v["diff"] for v in gen["per_seed"].values()] == pytest.approx([0.1, 0.2, 0.3])  # {m1}: 5, 6, 7 hits
     assert not any(w.startswith("No fusion") for _, w in checks)
     # the report: both protocols, the benchmark's mean ± std over seeds (GenComm {m1}: 5, 6, 7 hit scenes)
     assert "## Protocol `equalized`: training seeds 0, 1, 2" in report and "## Protocol `reference`: training seed 0" in report
