@@ -12,7 +12,8 @@ writes ``<dest>/<protocol>/seed<s>/`` (copies of the archives), ``<dest>/results
 (full-feature intermediate against no fusion; every competitor's {m1} against the benchmark's no
 fusion and the main table's), each pooled over seeds with its interval and per seed, and ``camera``:
 what each camera type adds to each method, with the selected weights and at every scored onboarding
-epoch (:mod:`experiments.fair_camera`).
+epoch (:mod:`experiments.fair_camera`), and ``against_gencomm``: every row minus its table's GenComm
+row (:func:`against_reference`), which the README's tables show (:mod:`experiments.fair_readme`).
 
 Statistics: the mean and sample standard deviation of AP over seeds (the run-to-run spread), and
 paired differences against GenComm (or the check's reference) on the same test frames: per seed and
@@ -152,6 +153,23 @@ def checks(group: Group, resamples: int) -> List[dict]:
     return out
 
 
+def against_reference(group: Group, resamples: int) -> List[dict]:
+    """Every row minus its table's GenComm row on the same test frames, at AP@0.5 and AP@0.7, pooled
+    over seeds with its interval and per seed (:func:`diff_json`): the main table's rows and the
+    benchmark's full alliances. The same figures as the report's paired tables; the README's tables
+    read them from results.json (:mod:`experiments.fair_readme`)."""
+    out = []
+    for table, methods, getter in (("main", main_methods(group), main_getter),
+                                   ("heterogeneous", bench_methods(group), bench_getter)):
+        ref = next((m for m in methods if m.startswith(REFERENCE)), None)
+        for m in methods if ref is not None else []:
+            res = None if m == ref else compare(group, getter(m), getter(ref), resamples)
+            if res is not None:
+                out.append({"protocol": group.protocol, "table": table, "method": m, "minus": ref,
+                            "diff": {t: diff_json(group.seeds, *res, t) for t in ("0.5", "0.7")}})
+    return out
+
+
 def checks_section(found: Sequence[dict]) -> List[str]:
     if not found:
         return []
@@ -248,6 +266,7 @@ def write_fair_benchmark(folders: Sequence, dest: Path, resamples: int = 1000) -
                                      "profile": a.meta.get("profile"), "data_seed": a.meta.get("data_seed")}
                                     for a in g.archives]} for g in groups],
            "rows": [r for g in groups for r in flat_rows(g)], "checks": found, "camera": camera,
+           "against_gencomm": [c for g in groups for c in against_reference(g, resamples)],
            "resamples": resamples}
     (dest / "results.json").write_text(json.dumps(doc, indent=2))
     plot_fair(groups, dest / "fair_benchmark.png")
