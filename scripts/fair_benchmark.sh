@@ -10,7 +10,8 @@
 # OUT/logs/<job>.log; a job that fails stops the script once the running ones end (the others keep
 # their progress). --dry_run prints the commands and runs nothing. --status prints, from another
 # terminal, each job's state (pending, running, stopped, failed, finished), its current step and the
-# last training epoch of that step. --quick: every job on the quick
+# last training epoch of that step. Disk: each default job's feature cache (OUT/<job>/cache) grows to
+# about 20 GB; a finished job's may be deleted. --quick: every job on the quick
 # profile's tiny data (a smoke run of the whole chain in well under an hour; its archive goes to
 # OUT/fair_benchmark unless --archive is given). Defaults: --jobs 2 (one core each on a 2-core
 # machine), --out results_fair (results_fair_quick), --data data/sim (data/sim_quick),

@@ -7,6 +7,7 @@ served, and evaluation through the cache detects what it detects without one.
 Tiny models: m1 (PointPillars, the ego), m2 (LSS camera with depth) and m3 (PointPillars) on a
 24 x 24 grid, GenComm's link; synthetic frames."""
 import copy
+import errno
 
 import pytest
 import torch
@@ -206,3 +207,29 @@ def test_the_tools_give_the_same_results_through_the_cache(tmp_path):
     for name in ("cold", "warm"):
         for thr, ap in results["plain"].items():
             assert abs(results[name][thr] - ap) <= 1e-6, (name, thr)
+
+
+def test_a_full_disk_is_named_as_such_and_leaves_no_torn_file(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from opencood_ext.models import feature_cache as fc
+    cache = FeatureCache(tmp_path / "cache")
+    path = tmp_path / "cache" / "stack" / "input.pt"
+
+    def torn(entry, f):  # what torch.save raises when the disk fills mid-write
+        f.write(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    monkeypatch.setattr(fc.torch, "save", torn)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10 * 2**30, 10 * 2**30 - 2**20, 2**20))
+    with pytest.raises(OSError, match=r"feature cache .*cache: writing input.pt failed .* 1 MiB free .*the disk is "
+                                      r"full.*--no_feature_cache") as err:
+        cache._write(path, {"feats": torch.zeros(2)})
+    assert err.value.errno == errno.ENOSPC
+    assert list(path.parent.iterdir()) == []  # the torn temporary file is gone
+    # with room on the disk the failure is something else: reported as it is
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10 * 2**30, 2**30, 9 * 2**30))
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        cache._write(path, {"feats": torch.zeros(2)})
+    assert list(path.parent.iterdir()) == []

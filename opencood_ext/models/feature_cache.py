@@ -24,9 +24,11 @@ agree to float rounding (``tests/test_feature_cache.py`` checks loss and gradien
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +140,10 @@ class CacheStats:
     by_stack: Dict[str, int] = field(default_factory=dict)
 
 
+# below this much free disk a failed write is reported as a full disk (the torn file is deleted first)
+LOW_DISK_BYTES = 64 * 2**20
+
+
 class FeatureCache:
     """See the module docstring. root: the cache folder (created when first written)."""
 
@@ -181,9 +187,21 @@ class FeatureCache:
             with os.fdopen(fd, "wb") as f:
                 torch.save(entry, f)
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as exc:
             Path(tmp).unlink(missing_ok=True)
+            if isinstance(exc, (OSError, RuntimeError)):
+                self._raise_if_disk_full(path, exc)
             raise
+
+    def _raise_if_disk_full(self, path: Path, exc: BaseException) -> None:
+        """A write that failed on a (nearly) full disk, as one clear OSError (ENOSPC): torch.save says
+        only "unexpected pos 704 vs 598" there."""
+        free = shutil.disk_usage(path.parent).free
+        if free < LOW_DISK_BYTES or getattr(exc, "errno", None) == errno.ENOSPC:
+            raise OSError(errno.ENOSPC, f"feature cache {self.root}: writing {path.name} failed ({exc}) with "
+                          f"{free / 2**20:.0f} MiB free on its disk: the disk is full. The cache only saves time: "
+                          "delete the cache folder of a finished job (a default main job's grows to about 20 GB) "
+                          "or rerun with --no_feature_cache; the job resumes where it stopped") from None
 
     def encode(self, stack: nn.Module, spec: object, inp: Input, store: Sequence[bool]) -> Encoded:
         """``stack`` (frozen, :func:`frozen`) applied to ``inp`` through the cache. ``store[a]``:
