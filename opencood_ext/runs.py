@@ -72,6 +72,9 @@ def late_fusion_of(runs: Dict[str, Path], ego_type: str,
         if t == ego_type:
             model.post_fusion.load_state_dict(member.post_fusion.state_dict())
             model.head.load_state_dict(member.head.state_dict())
+            # the ego's head reads its own feature as its run does (CooperativeDetector.own_view: under
+            # protocol reference a GenComm run's head reads the regenerated feature); nothing is sent by it
+            model.link = member.link
         else:
             model.sender_detectors[t] = member
     return cfg, model.eval()

@@ -104,3 +104,36 @@ def test_blank_messages_evaluation_lands_beside_the_plain_one(stage1, tmp_path, 
     assert "--blank_messages needs --label" in capsys.readouterr().err
     assert inference.main(args + ["--blank_messages", "m9", "--label", "x"]) != 0
     assert "types ['m9'] are not in this model" in capsys.readouterr().err
+
+
+def _alone(model, batch, fusion):
+    """(cls, reg, dir) head maps of each sample's ego under ``fusion`` with nothing arrived (the
+    generator's diffusion noise drawn from the same seed each time)."""
+    from opencood_ext.comm.messages import Messages
+
+    model.set_fusion(fusion)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        head = model.method.receive(model, batch, model.encode(batch).feats, Messages.empty("bev")).head
+    return head.cls, head.reg, head.dir
+
+
+@pytest.mark.parametrize("protocol", ["reference", "native"])
+def test_an_ego_alone_detects_alike_under_every_fusion(stage1, protocol):
+    """The same weights with nothing arrived give the same head maps under fusion ``none``, late fusion
+    (also of separately trained runs, ``--late_of``) and intermediate fusion. Under protocol reference a
+    GenComm head reads the ego's feature regenerated from its own message, as the reference's model
+    does for every agent; issue 31's reference pair had its stage 1 detect nothing alone (0.000 AP,
+    no fusion and late fusion of the stage-1 runs, and GenComm's 'collaborators off') because
+    ``none`` and late fusion fed the head the raw feature."""
+    sets = [f"protocol={protocol}"]
+    cfg, own = load_run(stage1["m1"], sets)
+    batch = collate_samples([build_dataset(cfg, "test", train=False)[0]])
+    want = _alone(own, batch, "intermediate")
+    raw = own.detect(own.encode(batch).feats[batch.ego_index])
+    _, joined = late_fusion_of(stage1, "m1", sets)
+    for model, fusion in ((own, "none"), (own, "late"), (joined, "late"), (joined, "none")):
+        for got, ref in zip(_alone(model, batch, fusion), want):
+            torch.testing.assert_close(got, ref, msg=lambda m: f"{fusion}: {m}")
+    # the ego's own view is the raw feature only where the protocol says so
+    assert torch.equal(raw.cls, want[0]) == (protocol == "native")

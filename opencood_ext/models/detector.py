@@ -305,6 +305,18 @@ class CooperativeDetector(nn.Module):
         then the 1x1 head. Every detection path goes through here."""
         return self.head(self.post_fusion(bev))
 
+    def own_view(self, bev: Tensor, agent_types: List[str]) -> Tensor:
+        """(N, C, H, W) agents' own BEV maps (any frame) -> what this model's post-fusion layers read
+        of an agent's own feature. Under computation "reference" the link's ``own`` (the reference
+        GenComm regenerates every agent's own feature from its message, whether or not anything
+        else arrives, and its head only ever saw that); otherwise the maps themselves. Fusion
+        ``none``, late fusion and intermediate fusion's ego row all read through here, so one set of
+        weights detects alike alone and with collaborators (issue 31's reference pair: without it a
+        GenComm stage 1 detected nothing alone)."""
+        if self.computation == "reference" and hasattr(self.link, "own"):
+            return self.link.own(bev, agent_types)
+        return bev
+
     def sender_detections(self, bev: Tensor, agent_types: List[str], candidates: bool = False) -> List[Detections]:
         """Late fusion's sender side: each agent's own boxes from its (N, C, H, W) map, unfiltered by
         the receiver's range. A type in ``sender_detectors`` detects with its own separately trained
@@ -315,7 +327,7 @@ class CooperativeDetector(nn.Module):
         for t in dict.fromkeys(agent_types):
             rows = [i for i, a in enumerate(agent_types) if a == t]
             own = self.sender_detectors[t] if t in self.sender_detectors else self
-            head = own.detect(bev[rows])
+            head = own.detect(own.own_view(bev[rows], [t] * len(rows)))
             for i, d in zip(rows, own.candidates(head) if candidates else own.decode(head, gt_range=None)):
                 out[i] = d
         return out

@@ -111,6 +111,18 @@ def ego_features(model, batch, feats: Tensor) -> Tensor:
     return warp_to_ego(feats[ego], T.to(feats.device), model.lidar_range)
 
 
+def ego_types(batch) -> List[str]:
+    """Each sample's ego agent type, in sample order."""
+    return [batch.agent_types[r] for r in batch.ego_index.tolist()]
+
+
+def ego_view(model, batch, feats: Tensor) -> Tensor:
+    """(B, C, H, W) what each ego's head reads of its own feature alone: :func:`ego_features`
+    through :meth:`~.detector.CooperativeDetector.own_view` (the reference GenComm's regeneration
+    under protocol ``reference``)."""
+    return model.own_view(ego_features(model, batch, feats), ego_types(batch))
+
+
 class FusionMethod:
     """Base of the registered methods (module docstring). Stateless: the modules live on the model."""
 
@@ -152,7 +164,7 @@ class NoFusion(FusionMethod):
         return "ego_only"
 
     def receive(self, model, batch, feats, arrived) -> ModelOutput:
-        return ModelOutput(model.detect(ego_features(model, batch, feats)))
+        return ModelOutput(model.detect(ego_view(model, batch, feats)))
 
 
 @FUSION_METHODS.register("late")
@@ -195,7 +207,7 @@ class LateFusion(FusionMethod):
         return _messages(batch, rows, self.kind, payload)
 
     def receive(self, model, batch, feats, arrived) -> ModelOutput:
-        return ModelOutput(model.detect(ego_features(model, batch, feats)))
+        return ModelOutput(model.detect(ego_view(model, batch, feats)))
 
     @staticmethod
     def _arrived_boxes(arrived: Messages, k: int, T: Tensor, device) -> Tuple[Tensor, Tensor, Tensor]:
@@ -208,7 +220,7 @@ class LateFusion(FusionMethod):
             return self._detect_reference(model, batch, feats, arrived)
         # the ego's own boxes decoded exactly as without fusion (range filter before the max_boxes cut),
         # so a sample whose messages were all lost detects exactly as fusion "none" does
-        own = model.decode(model.detect(ego_features(model, batch, feats)))
+        own = model.decode(model.detect(ego_view(model, batch, feats)))
         T = arrived.T_ego_from_sender(batch.T_ego_from_world).to(feats.device)
         out = []
         for b, d in enumerate(own):
@@ -231,7 +243,7 @@ class LateFusion(FusionMethod):
         moved into the ego frame (in agent order, the reference's: it decides score ties), merged
         once. With no message it is the ego's reference decoding (fusion ``none``)."""
         rules = reference_rules(model.anchor_gen.num_classes)
-        own = model.candidates(model.detect(ego_features(model, batch, feats)))
+        own = model.candidates(model.detect(ego_view(model, batch, feats)))
         T = arrived.T_ego_from_sender(batch.T_ego_from_world).to(feats.device)
         out = []
         for b, d in enumerate(own):
@@ -327,11 +339,11 @@ class IntermediateFusion(FusionMethod):
         own = ego_features(model, batch, feats)  # (B, C, H, W)
         B = own.shape[0]
         reference = model.computation == "reference"
-        ego_types = [batch.agent_types[r] for r in batch.ego_index.tolist()]
+        receivers = ego_types(batch)
         # under the reference protocol the ego fuses what the link makes of its own feature (the
         # reference GenComm: generated from its own message and enhanced); the link still reads the
         # ego's real feature (``own``) as the receiver's
-        mine_own = model.link.own(own, ego_types) if reference and hasattr(model.link, "own") else own
+        mine_own = model.own_view(own, receivers)
         H, W = model.grid.shape
         if not len(arrived):
             extra = _ages(model, batch, arrived, [[]] * B, own.device)
@@ -346,7 +358,7 @@ class IntermediateFusion(FusionMethod):
         T = arrived.T_ego_from_sender(batch.T_ego_from_world).to(device)
         valid = warp_mask(T, model.lidar_range, (H, W), device=device)
         receiver = torch.as_tensor(arrived.receiver, device=device)
-        arrival = Arrival(T, list(arrived.agent_type), own[receiver], [ego_types[r] for r in arrived.receiver], valid,
+        arrival = Arrival(T, list(arrived.agent_type), own[receiver], [receivers[r] for r in arrived.receiver], valid,
                           protocol=model.computation)
         got = model.link.receive(arrived.stacked().to(device), arrival)
         losses = model.link.losses(got, feats[torch.as_tensor(arrived.source_row, device=device)], arrival) \
