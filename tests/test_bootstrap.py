@@ -209,3 +209,30 @@ def test_subset_keeps_exactly_the_scenes_frames():
     assert rec.subset([]).num_frames == 0
     with pytest.raises(ValueError, match=r"subset: 1 scene\(s\) not in these records.*'x9'"):
         rec.subset(["j0", "x9"])
+
+
+def test_repeated_resampling_is_looked_up_and_never_confused():
+    """A report pairs one evaluation with many others over the same draws, so the resampled APs are
+    kept by the content of the records and draws: a repeat returns the same (read-only) arrays, while
+    records that differ in one score, or other draws, are computed afresh."""
+    from opencood_ext.eval import bootstrap as bs
+
+    frames = _random_frames(np.random.default_rng(9), list("abcde"), 15)
+    rec = FrameRecords.from_detections(frames)
+    first, again = bootstrap_ap(rec, 50, seed=1), bootstrap_ap(FrameRecords.from_detections(frames), 50, seed=1)
+    assert first.samples["global"] is again.samples["global"]  # equal content: looked up
+    with pytest.raises(ValueError):
+        first.samples["global"][0, 0] = 0.5
+    k = next(i for i, f in enumerate(frames) if len(f[1]))
+    changed = list(frames)
+    changed[k] = (frames[k][0], frames[k][1] * 0.5 + 0.01, *frames[k][2:])
+    other = FrameRecords.from_detections(changed)
+    bs._SAMPLES_CACHE.clear()
+    fresh = bootstrap_ap(other, 50, seed=1).samples["global"]
+    assert not np.array_equal(fresh, first.samples["global"])  # the changed score does move AP
+    np.testing.assert_array_equal(bootstrap_ap(rec, 50, seed=1).samples["global"], first.samples["global"])
+    np.testing.assert_array_equal(bootstrap_ap(other, 50, seed=1).samples["global"], fresh)
+    assert not np.array_equal(bootstrap_ap(rec, 50, seed=2).samples["global"], first.samples["global"])
+    for s in range(bs._SAMPLES_CACHE_SIZE + 5):
+        bootstrap_ap(rec, 2, seed=100 + s)
+    assert len(bs._SAMPLES_CACHE) == bs._SAMPLES_CACHE_SIZE

@@ -28,7 +28,9 @@ the evaluation's frame order and both of its AP values exactly.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -241,11 +243,39 @@ def _ap_of(records: FrameRecords, frames: np.ndarray) -> Dict[str, np.ndarray]:
     return out
 
 
+# _samples' results by the content of its inputs: a report pairs one evaluation (GenComm's row, a
+# seed's no fusion) with many others over the same draws, and pooling recomputes each seed's samples;
+# the resampled APs are a pure function of the records and draws, so a repeat is a lookup. Bounded;
+# the arrays are read-only so that no caller changes a cached result.
+_SAMPLES_CACHE: "OrderedDict[bytes, Dict[str, np.ndarray]]" = OrderedDict()
+_SAMPLES_CACHE_SIZE = 256
+
+
+def _fingerprint(*arrays) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.digest()
+
+
 def _samples(records: FrameRecords, draws: np.ndarray) -> Dict[str, np.ndarray]:
-    """{order: (B, T)} AP on each resample (rows of ``draws``, scene counts)."""
+    """{order: (B, T)} AP on each resample (rows of ``draws``, scene counts); read-only arrays."""
     frames, scene_of = np.arange(records.num_frames), _scene_of(records)
+    key = _fingerprint(records.offsets, records.scores, records.tp, records.num_gt, scene_of,
+                       np.asarray(records.thresholds, dtype=np.float64), draws)
+    if key in _SAMPLES_CACHE:
+        _SAMPLES_CACHE.move_to_end(key)
+        return _SAMPLES_CACHE[key]
     per = [_ap_of(records, np.repeat(frames, row[scene_of])) for row in draws]
-    return {o: np.stack([p[o] for p in per]) for o in ORDERS}
+    out = {o: np.stack([p[o] for p in per]) for o in ORDERS}
+    for a in out.values():
+        a.setflags(write=False)
+    _SAMPLES_CACHE[key] = out
+    if len(_SAMPLES_CACHE) > _SAMPLES_CACHE_SIZE:
+        _SAMPLES_CACHE.popitem(last=False)
+    return out
 
 
 def _percentiles(samples: np.ndarray, level: float) -> np.ndarray:
