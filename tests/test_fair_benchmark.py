@@ -190,3 +190,8 @@ def test_the_committed_fair_archive_holds_what_issue_31_asks():
     seeds = tuple(sorted({r["training_seed"] for r in rows if r["protocol"] == "equalized"}))
     assert seeds and seeds[0] == 0
     check_fair_archive(folder, equalized_seeds=seeds, reference=any(r["protocol"] == "reference" for r in rows))
+    # a trained detector that finds nothing is a bug, not a result (the reference pair's first
+    # evaluation had GenComm's stage 1 at 0.000 alone: fusion none and late fusion skipped its own view)
+    for r in rows:
+        for what, ev in [("eval", r["eval"])] + [(f"alliance {a['types']}", a) for a in r.get("alliances", [])]:
+            assert ev["ap"]["global"]["0.5"] > 0, (r["protocol"], r["training_seed"], r["method"], what)
