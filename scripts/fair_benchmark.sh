@@ -110,15 +110,11 @@ stop() {  # Ctrl-C or kill: end the running jobs (each keeps its checkpoints), t
   exit 130
 }
 trap stop INT TERM
-# Wait in one-second naps, not with a bare `wait`: bash runs a trap only once the wait it interrupts
-# returns, and a stop that lands just before a bare wait blocks would sit until a job ends (hours).
-nap() { sleep 1 & wait $! || true; }
 for i in "${!names[@]}"; do
-  while [ "$(jobs -pr | wc -l)" -ge "$jobs" ]; do nap; done
+  while [ "$(jobs -pr | wc -l)" -ge "$jobs" ]; do wait -n || true; done
   [ "$(failures)" = 0 ] || break   # start nothing new after a failure
   run_job "${names[$i]}" "${args[$i]}" &
 done
-while [ -n "$(jobs -pr)" ]; do nap; done
 wait
 if [ "$(failures)" != 0 ]; then
   echo "[fair] a job failed: fix it, then rerun this command to resume" >&2
