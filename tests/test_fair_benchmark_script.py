@@ -125,8 +125,11 @@ def test_a_stop_ends_the_running_jobs_too(tmp_path):
     fake = root / ".venv" / "bin" / "python"
     fake.write_text(FAKE_PYTHON.replace("sleep 0.3", "sleep 60"))
     env = {**os.environ, "ROOT": str(root), "FAIL": "none"}
+    # Ctrl-C as a terminal delivers it: a suite started in the background (nohup ... &) inherits an
+    # ignored SIGINT, which bash can neither trap nor reset, so the child starts with the default
     proc = subprocess.Popen(["bash", str(root / "scripts" / SCRIPT.name), "--jobs", "2", "--out", "R"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     running = root / "running"
     for _ in range(500):  # until both jobs run (10 s at most)
         if running.is_dir() and len(list(running.iterdir())) == 2:
