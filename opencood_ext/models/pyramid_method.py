@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..geometry.boxes import boxes_inside_range
-from .fusion_methods import FUSION_METHODS, IntermediateFusion, ModelOutput, transform_boxes
+from .fusion_methods import FUSION_METHODS, IntermediateFusion, ModelOutput, ego_types, transform_boxes
 from .links import FullFeatureLink
 from .pyramid_fusion import PyramidFusion
 
@@ -53,11 +53,11 @@ class PyramidFusionMethod(IntermediateFusion):
         T_own = batch.T_ego_from_agent[batch.ego_index.to(batch.T_ego_from_agent.device)].to(device)  # (B, 4, 4)
         T_msg = arrived.T_ego_from_sender(batch.T_ego_from_world).to(device) if len(arrived) else None
         payload = arrived.stacked().to(device) if len(arrived) else None
-        ego_types = [batch.agent_types[r] for r in ego_rows]
+        receivers = ego_types(batch)
         if payload is not None and hasattr(model.link, "to_receiver_space"):  # STAMP: reverted, sender frames
             payload = model.link.to_receiver_space(payload, list(arrived.agent_type),
-                                                   [ego_types[b] for b in arrived.receiver])
-        own = model.link.own(feats[ego_rows], ego_types) if hasattr(model.link, "own") else feats[ego_rows]
+                                                   [receivers[b] for b in arrived.receiver])
+        own = model.link.own(feats[ego_rows], receivers) if hasattr(model.link, "own") else feats[ego_rows]
         order = sorted(range(len(arrived)), key=lambda k: (arrived.receiver[k], arrived.source_row[k]))
         rows, transforms, counts, sample = [], [], [], []
         for b, r in enumerate(ego_rows):
