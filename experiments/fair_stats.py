@@ -16,8 +16,9 @@ from .seeds import SeedArchive, _cell, _k, _mean_std, holds_every_seed, load_arc
 REFERENCE = "GenComm"
 NO_FUSION = "No fusion"
 FULL_FEATURE = "Intermediate (full feature)"
+LATE = "Late fusion"
 # the rows that are no onboarding method: what the competitors' {m1} is held against
-NOT_ONBOARDING = (NO_FUSION, "Late fusion")
+NOT_ONBOARDING = (NO_FUSION, LATE)
 
 
 @dataclass

@@ -131,6 +131,11 @@ def test_fair_benchmark_rows_checks_and_report(tmp_path):
     fam = next(ln for ln in report.splitlines() if ln.startswith("| benchmark | BackAlign"))
     assert re.search(r"\| benchmark \| BackAlign \(m3 onboarded\) \| 1\.000 ± 0\.000 \| .* \| 0\.000 ± 0\.000 \|", fam)
     assert "junction: 5 test scenes, road: 5 test scenes" in report
+    # the field's ordering per family: late fusion (8 hit scenes) minus full feature (6): all on the road
+    order = report.split("### Per scene family (equalized)")[1].split("The field's ordering per family")[1]
+    for frames, diff in (("junction", "+0.000"), ("road", "+0.400"), ("all", "+0.200")):  # AP@0.5, AP@0.7
+        cell = re.escape(diff) + r" \[[^]]+\]; " + ", ".join([re.escape(diff)] * 3)
+        assert re.search(rf"\| {frames} \| {cell} \| {cell} \|", order), frames
     # rerunning from the copies in place gives the same bytes
     again = write_fair_benchmark(sorted(dest.glob("*/seed*")), dest, resamples=100).read_text()
     assert again == report
