@@ -20,7 +20,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional
 
-from opencood_ext.experiment import ExperimentConfig
 from opencood_ext.methods.base import ONBOARDING, OnboardingMethod
 
 STAGE2_LR = 5e-4  # the paper's stage-2 learning rate
@@ -45,6 +44,6 @@ class GenCommOnboarding(OnboardingMethod):
     def trainable(self, t: str) -> List[str]:
         return [f"link.dme.{t}"]
 
-    def check_stage1(self, cfg: ExperimentConfig, run: Path) -> None:
-        if (cfg.model.get("link") or {}).get("type") != "gencomm":
+    def check_stage1(self, model: dict, run: Path) -> None:
+        if (model.get("link") or {}).get("type") != "gencomm":
             raise ValueError(f"{run}: not a GenComm stage-1 run (model.link.type must be gencomm)")

@@ -28,12 +28,9 @@ The message is the full feature (link ``full_feature``), float32 on the wire.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from .base import ONBOARDING, OnboardingMethod, require_trained
-
-if TYPE_CHECKING:  # the experiment builder imports this package
-    from ..experiment import ExperimentConfig
 
 
 @ONBOARDING.register("backalign")
@@ -51,7 +48,7 @@ class BackAlignOnboarding(OnboardingMethod):
     def trainable(self, t: str) -> List[str]:
         return [f"encoders.{t}"]
 
-    def check_stage1(self, cfg: "ExperimentConfig", run: Path) -> None:
+    def check_stage1(self, model: dict, run: Path) -> None:
         """The new type's stack continues from its stage-1 weights (module docstring)."""
         require_trained(run, "BackAlign starts the new type's encoder stack from its stage-1 weights")
 

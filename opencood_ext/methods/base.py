@@ -48,8 +48,9 @@ class OnboardingMethod:
         """Module prefixes that train for new type ``t``."""
         raise NotImplementedError
 
-    def check_stage1(self, cfg, run: Path) -> None:
-        """Raise ValueError when ``run`` cannot serve as a stage-1 run for this method."""
+    def check_stage1(self, model: dict, run: Path) -> None:
+        """Raise ValueError when ``run``, whose config's ``model:`` section is ``model``, cannot serve as a
+        stage-1 run for this method."""
 
     def cost(self, model, t: str, batch) -> Tuple[int, float]:
         """(trainable parameters, GFLOPs) of what trains for new type ``t``: the parameters under

@@ -196,8 +196,8 @@ class CodeFillingOnboarding(OnboardingMethod):
     def trainable(self, t: str) -> List[str]:
         return ["link.quantizer"]
 
-    def check_stage1(self, cfg, run: Path) -> None:
-        if (cfg.model.get("link") or {}).get("type") == "codefilling":
+    def check_stage1(self, model: dict, run: Path) -> None:
+        if (model.get("link") or {}).get("type") == "codefilling":
             raise ValueError(f"{run}: a CodeFilling onboarding run, not a stage-1 run")
 
     def cost(self, model, t: str, batch=None) -> Tuple[int, float]:

@@ -143,8 +143,8 @@ class MPDAOnboarding(OnboardingMethod):
     def trainable(self, t: str) -> List[str]:
         return [f"link.adapter.{t}"]
 
-    def check_stage1(self, cfg, run: Path) -> None:
-        link = (cfg.model.get("link") or {}).get("type", "full_feature")
+    def check_stage1(self, model: dict, run: Path) -> None:
+        link = (model.get("link") or {}).get("type", "full_feature")
         if link == "mpda":
             raise ValueError(f"{run}: an MPDA onboarding run, not a stage-1 run")
 

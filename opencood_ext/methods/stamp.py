@@ -42,7 +42,7 @@ Two differences, both forced by this framework's data and named here:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Tuple, TYPE_CHECKING, Dict, List, Literal, Optional
+from typing import Dict, List, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -51,9 +51,6 @@ from torch.nn import functional as F
 from ..models.links import LINKS, Arrival
 from ..models.warp import warp_mask, warp_to_ego
 from .base import ONBOARDING, OnboardingMethod, feature_map_cost, require_trained
-
-if TYPE_CHECKING:  # the experiment builder imports this package
-    from ..experiment import ExperimentConfig
 
 #: the reference baseline's adapter / reverter size (``submodule_args``: dim 64, num_of_blocks 3)
 REFERENCE_SIZE = {"hidden_channels": 64, "blocks": 3, "kernel_size": 7}
@@ -224,6 +221,6 @@ class StampOnboarding(OnboardingMethod):
         train, though a frame with an m1 ego runs only the adapter."""
         return feature_map_cost(model, self.trainable(t))
 
-    def check_stage1(self, cfg: ExperimentConfig, run: Path) -> None:
+    def check_stage1(self, model: dict, run: Path) -> None:
         """The new type's encoder is used frozen, as trained in stage 1: the run must hold weights."""
         require_trained(run, "STAMP uses its encoder stack frozen")

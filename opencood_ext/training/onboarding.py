@@ -66,7 +66,7 @@ def _single_type(cfg: ExperimentConfig, run: Path) -> str:
 def _stage1(run: Path, method: OnboardingMethod) -> tuple:
     cfg = load_experiment(RunFolder(run).config)
     t = _single_type(cfg, run)
-    method.check_stage1(cfg, run)
+    method.check_stage1(cfg.model, run)
     return cfg, t
 
 
