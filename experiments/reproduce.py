@@ -111,7 +111,7 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
         from .benchmark import scored_methods
         profile = dataclasses.replace(profile, score_epochs=tuple(scored_methods(score_epochs)))
     if protocol is not None:
-        from opencood_ext.models.detector import PROTOCOLS
+        from opencood_ext.protocol import PROTOCOLS
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         profile = dataclasses.replace(profile, overrides=[*profile.overrides, f"protocol={protocol}"])

@@ -36,7 +36,8 @@ from opencood_ext import methods  # noqa: F401  (registers the heterogeneous bas
 from opencood_ext.models import build, check_args, voxel_sizes
 from opencood_ext.models.fusion_methods import FUSION_METHODS, FusionMethod
 
-from .models.detector import PROTOCOLS, CooperativeDetector, Protocol, computation_of  # noqa: F401  (PROTOCOLS: the choices)
+from .models.detector import CooperativeDetector
+from .protocol import PROTOCOLS, Protocol, computation_of
 from .training.trainer import TrainConfig
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,8 @@ from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataCon
 from opencood_ext.data.synthetic import SyntheticReader
 from opencood_ext.experiment import build_model, load_experiment
 from opencood_ext.models import warp as warp_module
-from opencood_ext.models.detector import EQUALIZED_POST_FUSION_LAYERS, CooperativeDetector
+from opencood_ext.models.detector import CooperativeDetector
+from opencood_ext.protocol import EQUALIZED_POST_FUSION_LAYERS
 from opencood_ext.models.links import LINKS
 
 from test_registry_contract import LINK_ARGS, RANGE, TYPES, VOXEL

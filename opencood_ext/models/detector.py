@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, List, Literal, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +29,7 @@ from ..comm.channel import ChannelConfig
 from ..geometry.boxes import boxes_inside_range
 from ..comm.messages import Acceptance, Delivery, ReceiverContext, transmit
 from ..comm.receiver import ReceiverConfig
+from ..protocol import Computation, computation_of, post_fusion_layers_of
 from ..postprocess import Detections, decode_detections, reference_candidates, reference_rules
 from ..registry import Registry
 from . import build
@@ -42,36 +43,6 @@ from .links import LINKS
 from .losses import DetectionLoss, LossOutput
 from .pyramid_fusion import PyramidFusion
 from .v2xvit import V2XViTFusion
-
-# whose computation a model runs (the experiment's top-level ``protocol:``; CooperativeDetector).
-# "equalized" is native's computation with one more rule: every fusion method, no fusion and late
-# fusion included, has the same block between fusion and the 1x1 head (EQUALIZED_POST_FUSION_LAYERS),
-# so no method is compared with more or fewer layers after the warp than another (docs/protocol.md)
-PROTOCOLS = ("native", "reference", "equalized")
-Protocol = Literal["native", "reference", "equalized"]
-Computation = Literal["native", "reference"]
-EQUALIZED_POST_FUSION_LAYERS = 2  # two 3x3 conv-BN-ReLU layers: the README's measured post-fusion block
-
-
-def computation_of(protocol: str) -> Computation:
-    """The computation a protocol's encoders, links, data and post-processing follow: the reference
-    code's under "reference", this project's own under "native" and "equalized"."""
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
-    return "reference" if protocol == "reference" else "native"
-
-
-def post_fusion_layers_of(protocol: str, given: Optional[int]) -> int:
-    """``model.post_fusion_layers`` under ``protocol``: unset -> the protocol's (equalized: the shared
-    block, else 0); under equalized any other count is refused, so every run of an equalized
-    comparison has the same layers after fusion."""
-    if protocol == "equalized":
-        if given is not None and int(given) != EQUALIZED_POST_FUSION_LAYERS:
-            raise ValueError(f"model.post_fusion_layers: protocol equalized gives every method the same "
-                             f"{EQUALIZED_POST_FUSION_LAYERS} layers after fusion, got {given} (remove the key, "
-                             f"or use protocol native to try another count)")
-        return EQUALIZED_POST_FUSION_LAYERS
-    return 0 if given is None else int(given)
 
 FUSION_OPS = Registry("fusion op", "fusion of the ego's and the received features (model.fusion_op, "
                       "its arguments in model.fusion_args)",
