@@ -59,7 +59,8 @@ def anchors(r: HypesReader) -> dict:
         if ncls != 1:
             r.refuse("model.args.num_class", f"{ncls} classes need postprocess.anchor_args.anchor_generator_config")
         out["anchors"] = {"sizes": [[r.get(f"postprocess.anchor_args.{k}") for k in "lwh"]],
-                          "rotations": [math.radians(float(a)) for a in rot], "z_center": -1.0}
+                          "rotations": [math.radians(float(a)) for a in rot], "z_center": -1.0,
+                          "margin": anchor_margin(r)}
         return out
     key = "postprocess.anchor_args.anchor_generator_config"
     if not isinstance(table, list) or len(table) != ncls or not all(
@@ -85,6 +86,26 @@ def anchors(r: HypesReader) -> dict:
     out["pos_iou"] = [float(c["matched_threshold"]) for c in table]
     out["neg_iou"] = [float(c["unmatched_threshold"]) for c in table]
     return out
+
+
+def anchor_margin(r: HypesReader) -> List[float]:
+    """``model.anchors.margin``: the reference's ``VoxelPostprocessor.generate_anchor_box`` lays the
+    anchors' centres at ``linspace(min + v, max - v, cells)`` per axis, ``v`` the voxel size its yaml
+    parser stores as ``anchor_args.vw`` / ``vh``: the top-level ``preprocess.args.voxel_size``
+    (GenComm / HEAL's ``load_general_params`` and the other parsers), or a STAMP type's own
+    ``postprocess.voxel_size``. It is not half a feature cell: GenComm's 1.6 m cells over 0.4 m
+    voxels put the anchors up to 0.4 m off the cells' centres."""
+    for key in ("preprocess.args.voxel_size", "postprocess.voxel_size"):
+        voxel = r.get(key, None)
+        if voxel is not None:
+            if not (isinstance(voxel, list) and len(voxel) >= 2 and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in voxel[:2])):
+                r.refuse(key, f"is {voxel!r}; the anchors' margin needs a voxel size [vx, vy, ...] in metres")
+                return [0.0, 0.0]
+            return [float(voxel[0]), float(voxel[1])]
+    r.refuse("preprocess.args.voxel_size", "absent: the reference's anchors lie from min + voxel size to max - "
+             "voxel size (VoxelPostprocessor.generate_anchor_box), so the anchors cannot be placed")
+    return [0.0, 0.0]
 
 
 def loss_weights(r: HypesReader) -> dict:

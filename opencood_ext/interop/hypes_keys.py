@@ -133,7 +133,9 @@ KEYS: Dict[str, Rule] = {
     "fusion.args.grid_conf": Dropped(_PLACEHOLDER),
     "fusion.args.data_aug_conf": Dropped(_PLACEHOLDER),
     "preprocess.core_method": Fixed(("SpVoxelPreprocessor",), "voxeliser"),
-    "preprocess.args.voxel_size": Mapped("(checked: voxel size x anchor feature_stride = our feature cell)"),
+    "preprocess.args.voxel_size": Mapped("model.anchors.margin (the reference's anchors lie from min + voxel size to "
+                                         "max - voxel size); checked: voxel size x anchor feature_stride = our "
+                                         "feature cell"),
     "preprocess.args.max_points_per_voxel": Dropped(_PLACEHOLDER),
     "preprocess.args.max_voxel_train": Dropped(_PLACEHOLDER),
     "preprocess.args.max_voxel_test": Dropped(_PLACEHOLDER),
@@ -142,8 +144,9 @@ KEYS: Dict[str, Rule] = {
     "preprocess.anchor_generator_config": Same("per-class anchors", "postprocess.anchor_args.anchor_generator_config"),
     "postprocess.anchor_args.anchor_generator_config": Mapped(
         "model.anchors (one size, bottom height and class per entry), model.pos_iou / neg_iou per class"),
-    "postprocess.voxel_size": Dropped("the voxel size of a STAMP type's own post-processor; the anchors are laid "
-                                      "on the common feature grid"),
+    "postprocess.voxel_size": Mapped("model.anchors.margin where preprocess.args.voxel_size is absent (a STAMP "
+                                     "type's own post-processor: its anchors lie from min + voxel size to max - "
+                                     "voxel size); the anchors are laid on the common feature grid"),
     "postprocess.core_method": Fixed(("VoxelPostprocessor",), "anchor post-processor"),
     "postprocess.gt_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
     "postprocess.anchor_args.cav_lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
