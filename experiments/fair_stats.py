@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from opencood_ext.eval.bootstrap import FrameRecords, paired_difference, pooled_paired_difference
+from opencood_ext.eval.bootstrap import paired_difference, pooled_paired_difference
+from opencood_ext.eval.records import FrameRecords
 
 from .seeds import SeedArchive, _cell, _k, _mean_std, holds_every_seed, load_archive, load_archives
 

@@ -7,7 +7,8 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from opencood_ext.eval.bootstrap import FrameRecords, paired_difference
+from opencood_ext.eval.bootstrap import paired_difference
+from opencood_ext.eval.records import FrameRecords
 
 from .results import ResultRow
 

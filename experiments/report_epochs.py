@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from opencood_ext.eval.bootstrap import FrameRecords, PairedDifference, paired_difference
+from opencood_ext.eval.bootstrap import PairedDifference, paired_difference
+from opencood_ext.eval.records import FrameRecords
 from opencood_ext.run_folder import RunFolder, dynamic_label, epoch_checkpoint, epoch_of_checkpoint, evaluation_label
 
 from .profiles import CAMERA_TYPES

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from opencood_ext.data.errors import DataFormatError
-from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap, paired_difference
+from opencood_ext.eval.bootstrap import bootstrap_ap, paired_difference
+from opencood_ext.eval.records import FrameRecords
 from opencood_ext.sim.families import LAYOUTS, scenario_families
 
 from .profiles import BASELINES

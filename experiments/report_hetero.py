@@ -14,7 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from opencood_ext.eval.bootstrap import FrameRecords, paired_difference  # noqa: E402
+from opencood_ext.eval.bootstrap import paired_difference  # noqa: E402
+from opencood_ext.eval.records import FrameRecords  # noqa: E402
 from opencood_ext.run_folder import RunFolder, evaluation_label  # noqa: E402
 
 from .report_cells import ap_cell, diff_cell, differences, fmt_bytes  # noqa: E402

@@ -8,7 +8,7 @@ a small archive (tens of kB) that can be committed and combined later::
                                      scenes' families), one entry per main-table row ("rows") and, from
                                      version 2, one per benchmark row ("benchmark"), each with its
                                      protocol, training seed and optimizer steps
-    <dir>/seed<s>/row<k>.npz         the row's per-frame records (opencood_ext.eval.bootstrap)
+    <dir>/seed<s>/row<k>.npz         the row's per-frame records (opencood_ext.eval.records)
     <dir>/seed<s>/row<k>_ego_only.npz   the same weights with the collaborators off
     <dir>/seed<s>/bench<k>_<types>.npz  benchmark row k's records for the alliance <types> (m1m3, ...)
 
@@ -32,8 +32,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from opencood_ext.eval.bootstrap import FrameRecords, paired_difference, pooled_paired_difference
-
+from opencood_ext.eval.bootstrap import paired_difference, pooled_paired_difference
+from opencood_ext.eval.records import FrameRecords
 from opencood_ext.run_folder import RunFolder, epoch_checkpoint, evaluation_label
 from opencood_ext.sim.families import scenario_families
 

@@ -1,6 +1,6 @@
-"""Scene bootstrap of AP (opencood_ext.eval.bootstrap): closed-form binomial cases, exact
-enumeration of every resample of a tiny case against re-matching from scratch, identity
-resample, paired differences, scene-level resampling, seeds, the records file."""
+"""Scene bootstrap of AP (opencood_ext.eval.bootstrap; the records in opencood_ext.eval.records):
+closed-form binomial cases, exact enumeration of every resample of a tiny case against re-matching
+from scratch, identity resample, paired differences, scene-level resampling, seeds, the records file."""
 import itertools
 import math
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from opencood_ext.eval.ap import APAccumulator
-from opencood_ext.eval.bootstrap import (FrameRecords, bootstrap_ap, paired_difference, resample_frames,
-                                         scene_draws)
+from opencood_ext.eval.bootstrap import bootstrap_ap, paired_difference, resample_frames, scene_draws
+from opencood_ext.eval.records import FrameRecords
 
 
 def _box(x, y, yaw=0.0):

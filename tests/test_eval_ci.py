@@ -15,7 +15,9 @@ from opencood_ext.cli.compare import main as compare_main, parse_spec
 from opencood_ext.comm.messages import Delivery, Messages
 from opencood_ext.data.augment import AugmentConfig
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
-from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap, compare_runs
+from opencood_ext.eval.bootstrap import bootstrap_ap
+from opencood_ext.eval.records import FrameRecords
+from opencood_ext.eval.run_records import compare_runs
 from opencood_ext.eval.evaluate import evaluate
 from opencood_ext.models.detector import Prediction
 from opencood_ext.postprocess import Detections

@@ -163,7 +163,7 @@ def test_report_says_what_each_new_type_adds_paired_on_the_same_run(tmp_path):
 def test_increment_of_alliances_on_different_frames_says_so(tmp_path):
     from test_seeds import _records
     from experiments.report_hetero import increments_section
-    from opencood_ext.eval.bootstrap import FrameRecords
+    from opencood_ext.eval.records import FrameRecords
     run = tmp_path / "run"
     run.mkdir()
     _records({1}).save(run / "eval_dyn_m1_frames.npz")

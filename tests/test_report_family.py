@@ -10,7 +10,8 @@ import pytest
 from experiments.report import write_report
 from experiments.report_family import compute_family_figures, family_figures, family_section
 from experiments.results import ResultRow, Results, ResultsError
-from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap
+from opencood_ext.eval.bootstrap import bootstrap_ap
+from opencood_ext.eval.records import FrameRecords
 
 SCENES, FRAMES = 10, 2
 JUNCTION, ROAD = range(0, 5), range(5, 10)   # scenes 0-4 junction, 5-9 road

@@ -12,7 +12,8 @@ import pytest
 
 from experiments.results import ResultRow
 from experiments.seeds import archive_seed, load_archive, load_archives, main, seed_section, spread_json
-from opencood_ext.eval.bootstrap import FrameRecords, paired_difference, pooled_paired_difference
+from opencood_ext.eval.bootstrap import paired_difference, pooled_paired_difference
+from opencood_ext.eval.records import FrameRecords
 
 SCENES, FRAMES = 10, 2
 

@@ -68,7 +68,7 @@ def test_bench_warp_on_a_missing_run(tmp_path, capsys):
 
 def _records(run: Path, label: str) -> Path:
     """Real per-frame records (what tools/inference.py writes), two scenes of 40 frames."""
-    from opencood_ext.eval.bootstrap import FrameRecords
+    from opencood_ext.eval.records import FrameRecords
     from opencood_ext.run_folder import RunFolder
     rng = np.random.default_rng(0)
 

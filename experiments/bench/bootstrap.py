@@ -15,8 +15,8 @@ import numpy as np
 
 from experiments.bench.ap_eval import _frame
 from opencood_ext.eval.ap import APAccumulator
-from opencood_ext.eval.bootstrap import (FrameRecords, bootstrap_ap, paired_difference, resample_frames,
-                                         scene_draws)
+from opencood_ext.eval.bootstrap import bootstrap_ap, paired_difference, resample_frames, scene_draws
+from opencood_ext.eval.records import FrameRecords
 
 
 def main(argv=None) -> dict:

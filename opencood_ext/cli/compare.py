@@ -55,7 +55,8 @@ def compare(specs: List[Spec], reference: int = 0, orders=("global",), resamples
             seed: int = 0) -> Tuple[str, dict]:
     """(printed text, JSON summary) for the evaluations ``specs``; ``reference`` indexes ``specs``."""
     from opencood_ext.cli.errors import reading
-    from opencood_ext.eval.bootstrap import bootstrap_ap, load_eval_records, paired_difference, scene_draws
+    from opencood_ext.eval.bootstrap import bootstrap_ap, paired_difference, scene_draws
+    from opencood_ext.eval.run_records import load_eval_records
     from opencood_ext.run_folder import RunFolder
 
     loaded = []

@@ -42,7 +42,8 @@ from opencood_ext.data.errors import DataFormatError
 from opencood_ext.data.frame import AgentObs
 from opencood_ext.data.sample import Sample
 from opencood_ext.eval.ap import APAccumulator, format_ap_table, plot_pr_curves, pr_envelope
-from opencood_ext.eval.bootstrap import FrameRecords, bootstrap_ap
+from opencood_ext.eval.bootstrap import bootstrap_ap
+from opencood_ext.eval.records import FrameRecords
 from opencood_ext.eval.class_ap import ClassAP, format_class_table, to_json as class_ap_json
 from opencood_ext.eval.localisation import LocalisationStats, format_localisation
 from opencood_ext.eval.visibility import VisibilityRecall, visibility_groups

@@ -77,5 +77,5 @@ def scenario_family(root, scenario: str) -> str:
 
 def scenario_families(root, scenarios: Iterable[str]) -> Dict[str, str]:
     """``{scenario: family}`` for the distinct names in ``scenarios`` (e.g. the ``scenes`` of an
-    evaluation's :class:`opencood_ext.eval.bootstrap.FrameRecords`, one file read per scenario)."""
+    evaluation's :class:`opencood_ext.eval.records.FrameRecords`, one file read per scenario)."""
     return {s: scenario_family(root, s) for s in dict.fromkeys(str(s) for s in scenarios)}
