@@ -111,7 +111,27 @@ class ExperimentConfig:
                              f"{sorted(model_types)} must name the same types (early fusion: the "
                              f"model's types are the egos', a subset of the data's)",
                              ("model", "agent_types"), ("data", "agent_types"))
+        if self.data.ego_types is not None and self.protocol != "reference":
+            raise FieldError(f"data.ego_types chooses the reference's ego (the agent of an ego type) under protocol "
+                             f"reference; under {self.protocol} the ego is the first agent: remove it",
+                             ("data", "ego_types"), ("protocol",))
+        new = set(self.stage.new_types)
+        if self.data.ego_types is not None and new & set(self.data.ego_types):
+            raise FieldError(f"data.ego_types {self.data.ego_types} names stage.new_types {sorted(new)}: a stage-2 "
+                             f"ego is of the alliance's old types", ("data", "ego_types"), ("stage", "new_types"))
         check_choices(self)
+
+
+def reference_ego_types(cfg: "ExperimentConfig") -> Optional[List[str]]:
+    """The types a sample's ego may have under ``protocol: reference`` (``data.ego_types``; unset: the
+    alliance's types less ``stage.new_types``, the reference's stage-2 ``ego_modality``); None: any
+    alliance type (and under the other protocols, whose ego is the first agent)."""
+    if cfg.protocol != "reference":
+        return None
+    if cfg.data.ego_types is not None:
+        return list(cfg.data.ego_types)
+    old = [t for t in cfg.data.agent_types if t not in cfg.stage.new_types]
+    return old if cfg.stage.new_types and old else None
 
 
 _LINK_DERIVED = ("channels", "agent_types", "lidar_range")  # what CooperativeDetector passes every link
@@ -356,6 +376,7 @@ def build_dataset(cfg: ExperimentConfig, split: str, train: bool, fusion: Option
     if method.random_ego_in_training and train and not data.random_ego:
         log.info("%s fusion trains with a random vehicle ego per sample (data.random_ego)", method.name)
         data = dataclasses.replace(data, random_ego=True)
+    data = dataclasses.replace(data, ego_types=reference_ego_types(cfg))
     kw = reader_kwargs(data)
     if data.format == "dairv2x" and computation_of(cfg.protocol) == "reference":
         kw.setdefault("labels", "sides")  # the reference merges each side's own labels (data/reference.py)

@@ -34,6 +34,12 @@ class DataConfig:
         ``root``), "all:<type>" (every agent is that type: stage-1 training) or
         "cycle:<t1>,<t2>" (t1, t2, t1, ... over the sorted agents).
     agent_types: the alliance; agents of other types are left out.
+    ego_types: ``protocol: reference`` only: the types an ego may have (the reference's
+        ``heter.ego_modality``): where the data assigns types, a sample's ego is the first agent
+        of such a type in the reference's order (:mod:`~opencood_ext.data.reference`), in training
+        and evaluation. None (default): the alliance's types minus the experiment's
+        ``stage.new_types`` (a stage-2 alliance's old types, the reference's stage-2 ego), else
+        every alliance type. Under ``native`` / ``equalized`` the ego is the first agent.
     lidar_range: (xmin, ymin, zmin, xmax, ymax, zmax) of the ego's detection area.
     classes: object types kept as one class (single-class detection).
     reader_options: extra reader arguments, e.g. ``{mode: vc}`` for V2X-Real or
@@ -79,6 +85,7 @@ class DataConfig:
     test_split: str = "test"
     modality: str = "in_order"
     agent_types: Dict[str, AgentTypeData] = field(default_factory=lambda: {"m1": AgentTypeData()})
+    ego_types: Optional[List[str]] = None
     lidar_range: Tuple[float, float, float, float, float, float] = (-51.2, -51.2, -3.0, 51.2, 51.2, 1.0)
     comm_range: float = 70.0
     max_agents: int = 5
@@ -101,3 +108,6 @@ class DataConfig:
         if self.max_agents < 1:
             raise ValueError(f"DataConfig.max_agents must be >= 1 (it counts the ego; 1 = the ego alone), "
                              f"got {self.max_agents!r}")
+        if self.ego_types is not None and (not self.ego_types or not set(self.ego_types) <= set(self.agent_types)):
+            raise ValueError(f"DataConfig.ego_types must name one or more of data.agent_types "
+                             f"{sorted(self.agent_types)}, got {self.ego_types!r}")

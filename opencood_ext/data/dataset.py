@@ -179,7 +179,7 @@ class CooperativeDataset(Dataset):
             if with_collaborators is None:
                 with_collaborators = self.cooperation != "ego_only"
             return reference_selection(frame.agents, self.cfg.agent_types, self.cfg.comm_range,
-                                       self.cfg.max_agents, with_collaborators)
+                                       self.cfg.max_agents, with_collaborators, self.cfg.ego_types)
         if self.train and self.cfg.random_ego:
             # any VEHICLE may be ego; a roadside unit's LiDAR sits metres higher, so the z range and
             # anchors of a vehicle ego do not fit it (the evaluation ego is always a vehicle)

@@ -3,8 +3,11 @@
 
 * Agent order: ids compared as STRINGS ("-1" < "1041" < "650"), then a roadside unit that
   sorts first moves to the end (only that one). The first agent is the ego; when its type is
-  not in the alliance, the first alliance agent in string order is the ego and every other
-  agent follows in string order (no roadside-unit move then).
+  not an ego type (the reference's ``heter.ego_modality``, our ``data.ego_types``; by default
+  the alliance's), the first agent of an ego type in string order is the ego (a roadside unit
+  too: "-1" sorts first) and every other agent follows in string order (no roadside-unit move
+  then). With no agent of an ego type the order stands, as the reference's
+  ``Adaptor.reorder_cav_list`` leaves it; an alliance agent leads where the first is not one.
 * Selection: the first ``max_cav`` agents of that order are taken BEFORE the communication
   range and the alliance types are checked, so an agent out of range or of another type still
   uses up a place.
@@ -43,19 +46,34 @@ def reference_order(agents: Sequence[AgentObs]) -> List[AgentObs]:
     return out
 
 
+def reference_ego_first(agents: Sequence[AgentObs], ego_types: Iterable[str]) -> List[AgentObs]:
+    """The agents (in :func:`reference_order`) with the reference's ego first: the first agent when its
+    type is in ``ego_types``, else the first agent of such a type in string order of the ids, the
+    others after it in string order (``Adaptor.reorder_cav_list``); unchanged when none has such a type."""
+    wanted = set(ego_types)
+    ordered = list(agents)
+    if not ordered or ordered[0].agent_type in wanted:
+        return ordered
+    by_id = sorted(ordered, key=lambda a: str(a.agent_id))
+    ego = next((a for a in by_id if a.agent_type in wanted), None)
+    return ordered if ego is None else [ego] + [a for a in by_id if a is not ego]
+
+
 def reference_selection(agents: Sequence[AgentObs], alliance: Iterable[str], comm_range: float,
-                        max_cav: int, with_collaborators: bool = True) -> List[AgentObs]:
+                        max_cav: int, with_collaborators: bool = True,
+                        ego_types: Optional[Iterable[str]] = None) -> List[AgentObs]:
     """Ego first, then the collaborators the reference keeps (module docstring).
 
-    agents: the frame's agents in :func:`reference_order`; alliance: the agent types taking part.
+    agents: the frame's agents in :func:`reference_order`; alliance: the agent types taking part;
+    ego_types: the types an ego may have (the reference's ``ego_modality``; None: the alliance's).
     Raises ValueError when no agent is of an alliance type."""
     types = set(alliance)
     ordered = list(agents)
     if not any(a.agent_type in types for a in ordered):
         raise ValueError(f"no agent of the alliance types {sorted(types)}")
-    if ordered[0].agent_type not in types:
-        ego = next(a for a in sorted(ordered, key=lambda a: str(a.agent_id)) if a.agent_type in types)
-        ordered = [ego] + sorted((a for a in ordered if a is not ego), key=lambda a: str(a.agent_id))
+    ordered = reference_ego_first(ordered, types if ego_types is None else set(ego_types) & types)
+    if ordered[0].agent_type not in types:  # no ego-type agent and the first is not in the alliance
+        ordered = reference_ego_first(ordered, types)
     ego = ordered[0]
     if not with_collaborators:
         return [ego]

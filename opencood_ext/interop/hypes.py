@@ -223,6 +223,18 @@ def _train_section(r: HypesReader) -> dict:
     return train
 
 
+def _ego_types(r: HypesReader, types: List[str], new_types: List[str]) -> Optional[List[str]]:
+    """``data.ego_types`` from ``heter.ego_modality`` ("m1" or "m1&m2"): where the reference's dataset
+    puts an agent of these (mapped) types first (``Adaptor.reorder_cav_list`` in evaluation; its
+    training gives the first agent such a type), when they narrow the model's types. None when
+    every model type may lead, or when the file names types the model lacks (a one-type stage 1
+    whose ``ego_modality`` is another type's: every agent is of the model's type)."""
+    ego = [t for t in str(r.get("heter.ego_modality", "")).split("&") if t]
+    if not ego or not set(ego) < set(types) or set(ego) & set(new_types):
+        return None
+    return [t for t in types if t in ego]
+
+
 def _shared_postprocess(data: dict) -> Tuple[dict, Optional[str]]:
     """STAMP's files give each type its own ``postprocess`` and none at the top: the first type's is
     used (the others are checked against it, key by key). -> (data, that type or None)."""
@@ -272,6 +284,10 @@ def convert_hypes(data: dict, source: Path, remap_to: Optional[Path] = None, che
     if MODELS.get(r.get("model.core_method", None)) == "stamp":
         stamp = stamp_stage(r, types)
         config["stage"], config["data"]["modality"] = stamp["stage"], stamp["modality"]
+    else:
+        ego_types = _ego_types(r, types, config.get("stage", {}).get("new_types", []))
+        if ego_types:
+            config["data"]["ego_types"] = ego_types
     r.raise_problems()
     conv = Conversion(str(source), config, r.approximations, r.dropped, files)
     if check:

@@ -84,12 +84,13 @@ KEYS: Dict[str, Rule] = {
     "data_augment": Dropped("HEAL's intermediate-fusion dataset does not apply it (only late and early "
                             "fusion do); augmentation is switched off to match"),
     "noise_setting.add_noise": Fixed((False,), "pose noise at training time (evaluate with gencomm-infer --pose_noise M,DEG)"),
-    "ego_diff_cav": Approx("data.modality", "the ego draws its own type, collaborators the assignment; "
-                           "our types come from data.modality for every agent"),
+    "ego_diff_cav": Approx("data.modality", "true: the reference gives the ego an ego_modality type and every "
+                           "other agent a non-ego model type drawn at random, in training and in evaluation (its ego "
+                           "still chosen by the assignment); ours types every agent from data.modality"),
     # ---------------------------------------------------------------- heterogeneous setting
     "heter.assignment_path": Mapped("data.modality"),
-    "heter.ego_modality": Approx("stage.new_types", "HEAL picks the first agent whose mapped type is an ego "
-                                 "type as the ego; ours is the first agent by id"),
+    "heter.ego_modality": Mapped("data.ego_types (the first agent of an ego type in the reference's order is "
+                                 "the ego) and, for GenComm stage 2, stage.new_types (the other types)"),
     "heter.mapping_dict.<m>": Mapped("data.modality"),
     "heter.lidar_channels_dict.<m>": Mapped("data.agent_types.<m>.lidar_beams"),
     "heter.modality_setting.<m>.sensor_type": Mapped("data.agent_types.<m>.sensor"),
