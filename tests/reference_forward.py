@@ -136,10 +136,10 @@ def enhance(sd, x):
 def ego_row_affine(T_world_from_agent, lidar_range):
     """normalize_pairwise_tfm's row of the ego: pairwise_t_matrix[0, j] = inv(T_j) @ T_0 (ego -> agent j),
     its 2x3 BEV part scaled by the range (H, W in metres; the reference's normalisation assumes a range
-    centred on the agent), float32 (N, 2, 3)."""
+    centred on the agent), float64 (N, 2, 3) as the reference's collated numpy matrices are."""
     W, H = lidar_range[3] - lidar_range[0], lidar_range[4] - lidar_range[1]
     T = torch.linalg.solve(T_world_from_agent.double(), T_world_from_agent[0].double().expand_as(T_world_from_agent))
-    M = T.float()[:, [0, 1]][:, :, [0, 1, 3]].clone()
+    M = T[:, [0, 1]][:, :, [0, 1, 3]].clone()
     M[:, 0, 1] *= H / W
     M[:, 1, 0] *= W / H
     M[:, 0, 2] = M[:, 0, 2] / W * 2
@@ -150,7 +150,7 @@ def ego_row_affine(T_world_from_agent, lidar_range):
 def warp_to_ego(x, T_world_from_agent, lidar_range):
     """normalize_pairwise_tfm + warp_affine_simple for the ego's row (:func:`ego_row_affine`)."""
     M = ego_row_affine(T_world_from_agent, lidar_range)
-    grid = F.affine_grid(M, list(x.shape), align_corners=False)
+    grid = F.affine_grid(M, list(x.shape), align_corners=False).to(x)  # warp_affine_simple's .to(src)
     return F.grid_sample(x, grid, align_corners=False)
 
 

@@ -290,7 +290,7 @@ def _gencomm_infer_forward(sd, batch, ego):
         if t != ego:
             f = _adapter(sd, f"reverter_{ego}.reverter", _adapter(sd, f"adapter_{t}.adapter", f))
         rows.append(f)
-    fused = ref.att_fusion(ref.warp_to_ego(torch.cat(rows), batch.T_world_from_agent.float(), RANGE))[None]
+    fused = ref.att_fusion(ref.warp_to_ego(torch.cat(rows), batch.T_world_from_agent, RANGE))[None]
     return tuple(F.conv2d(fused, sd[f"{h}_head_{ego}.weight"], sd[f"{h}_head_{ego}.bias"])
                  for h in ("cls", "reg", "dir"))
 

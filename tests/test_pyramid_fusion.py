@@ -108,9 +108,10 @@ def _heal_levels(x, ref):
 
 
 def _heal_affine(T_ego_from_agent):
-    """normalize_pairwise_tfm of the ego's row: T_{agent <- ego} -> (N, 2, 3) on a range centred at 0."""
+    """normalize_pairwise_tfm of the ego's row: T_{agent <- ego} -> (N, 2, 3) on a range centred at 0, in
+    float64 as the reference's collated pairwise matrices."""
     W, H = RANGE[3] - RANGE[0], RANGE[4] - RANGE[1]
-    t = torch.linalg.inv(T_ego_from_agent.double()).float()
+    t = torch.linalg.inv(T_ego_from_agent.double())
     a = t[:, [0, 1], :][:, :, [0, 1, 3]].clone()
     a[:, 0, 1] *= H / W
     a[:, 1, 0] *= W / H
@@ -124,9 +125,11 @@ def _heal_weighted_fuse(x, score, counts, affine):
     for n in counts:
         m = affine[start:start + n]
         size = [n, x.shape[1], x.shape[2], x.shape[3]]
-        feat = F.grid_sample(x[start:start + n], F.affine_grid(m, size, align_corners=False), align_corners=False)
-        sc = F.grid_sample(score[start:start + n], F.affine_grid(m, [n, 1, *x.shape[2:]], align_corners=False),
-                           align_corners=False)
+        # warp_affine_simple: the grid from the float64 matrix, cast to the map's dtype (.to(src))
+        feat = F.grid_sample(x[start:start + n], F.affine_grid(m, size, align_corners=False).to(x),
+                             align_corners=False)
+        sc = F.grid_sample(score[start:start + n],
+                           F.affine_grid(m, [n, 1, *x.shape[2:]], align_corners=False).to(score), align_corners=False)
         sc = torch.softmax(sc.masked_fill(sc == 0, -float("inf")), dim=0)
         sc = torch.where(torch.isnan(sc), torch.zeros_like(sc), sc)
         out.append((feat * sc).sum(0))

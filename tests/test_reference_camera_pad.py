@@ -148,7 +148,7 @@ def _reference(sd, batch, message_before_pad=True):
     x = torch.cat([feats[t] for t in batch.agent_types])  # agent order: the ego first
     msgs = torch.cat([messages[t] for t in batch.agent_types])
     x = ref.enhance(sd, ref.generate(sd, x[:1].expand_as(x), msgs, **UNET))
-    x = ref.warp_to_ego(x, batch.T_world_from_agent.float(), RANGE)
+    x = ref.warp_to_ego(x, batch.T_world_from_agent, RANGE)
     return msgs, ref.heads(sd, ref.att_fusion(x)[None])
 
 

@@ -157,7 +157,7 @@ def _reference(sd, batch, types_of_agents, gencomm_keys, fusion="att"):
         msgs = torch.cat([ref.message_extractor(sd, f"message_extractor_{t}", x[a:a + 1])
                           for a, t in enumerate(types_of_agents)])
         x = ref.enhance(sd, ref.generate(sd, x[:1].expand_as(x), msgs, **UNET))
-    x = ref.warp_to_ego(x, batch.T_world_from_agent.float(), RANGE)
+    x = ref.warp_to_ego(x, batch.T_world_from_agent, RANGE)
     fused = (ref.att_fusion(x) if fusion == "att" else x.max(dim=0).values)[None]
     return ref.heads(sd, fused)
 
@@ -288,7 +288,7 @@ def _second_reference(sd, batch, rng=RANGE_S, voxel=VOXEL_S):
     x = x[torch.argsort(batch.type_index["m3"])]  # the type's rows back in agent order
     msgs = ref.message_extractor(sd, "message_extractor_m3", x)
     x = ref.enhance(sd, ref.generate(sd, x[:1].expand_as(x), msgs, **UNET))
-    fused = ref.att_fusion(ref.warp_to_ego(x, batch.T_world_from_agent.float(), rng))[None]
+    fused = ref.att_fusion(ref.warp_to_ego(x, batch.T_world_from_agent, rng))[None]
     return ref.heads(sd, fused)
 
 

@@ -43,6 +43,7 @@ from .links import LINKS
 from .losses import DetectionLoss, LossOutput
 from .pyramid_fusion import PyramidFusion
 from .v2xvit import V2XViTFusion
+from .warp import warp_rule
 
 FUSION_OPS = Registry("fusion op", "fusion of the ego's and the received features (model.fusion_op, "
                       "its arguments in model.fusion_args)",
@@ -339,10 +340,12 @@ class CooperativeDetector(nn.Module):
                         train_drop=self.train_message_drop if self.training else 0.0)
 
     def forward(self, batch) -> ModelOutput:
-        """Training and validation: messages travel in memory, so gradients reach the senders."""
+        """Training and validation: messages travel in memory, so gradients reach the senders.
+        Every warp inside follows the protocol's rule (:func:`~.warp.warp_rule`)."""
         enc = self.encode(batch)
         arrived = self.deliver(self.method.send(self, batch, enc.feats), wire=False).arrived
-        out = self.method.receive(self, batch, enc.feats, arrived)
+        with warp_rule(self.computation):
+            out = self.method.receive(self, batch, enc.feats, arrived)
         out.depth_logits, out.depth_terms = enc.depth_logits, enc.depth_terms
         return out
 
@@ -392,4 +395,5 @@ class CooperativeDetector(nn.Module):
             contexts = [dataclasses.replace(c, now=float(t)) for c, t in zip(contexts, now)]
         delivery = self.deliver(self.method.send(self, batch, feats), channel=channel, keys=keys, wire=True,
                                 contexts=contexts)
-        return Prediction(self.method.detect(self, batch, feats, delivery.arrived), delivery)
+        with warp_rule(self.computation):
+            return Prediction(self.method.detect(self, batch, feats, delivery.arrived), delivery)
