@@ -43,6 +43,10 @@ class GenCommLink(nn.Module):
         ``loss.args.generate_weight``), an MSE between generated and real features
         (stage 1; 0 in stage 2, where sender and receiver live in different semantic spaces).
     wire_dtype: payload dtype on the wire in evaluation: float32, float16, int8.
+    missing_message: in evaluation only, each element of every received message (channel, row,
+        column) is zeroed with this probability, independently, before generation; the receiver's
+        own message is kept (the reference's ``missing_message`` inference: its stage-1 model
+        zeroes 0.4, its stage-2 model 0.1, with ``torch.rand(C, H, W) > p`` per collaborator).
     """
 
     kind = "bev"
@@ -51,8 +55,12 @@ class GenCommLink(nn.Module):
                  message: Optional[dict] = None, generator: Optional[dict] = None,
                  enhancer: Optional[dict] = None, warp_before_generation: Optional[bool] = None,
                  generation_weight: float = 1.0,
-                 wire_dtype: Literal["float32", "float16", "int8"] = "float16"):
+                 wire_dtype: Literal["float32", "float16", "int8"] = "float16", missing_message: float = 0.0):
         super().__init__()
+        if not 0.0 <= float(missing_message) <= 1.0:
+            raise ValueError(f"model.link.missing_message must be a probability in [0, 1] (the share of each received "
+                             f"message's elements zeroed in evaluation), got {missing_message!r}")
+        self.missing_message = float(missing_message)
         message, generator, enhancer = dict(message or {}), dict(generator or {}), dict(enhancer or {})
         self.lidar_range = list(lidar_range)
         self.dme = nn.ModuleDict({t: DeformableMessageExtractor(in_channels=channels, **message)
@@ -156,6 +164,8 @@ class GenCommLink(nn.Module):
         reference = arrival.protocol == "reference"
         first = self.warps_first(self.model_protocol or arrival.protocol)
         T_ego_from_sender = arrival.T_ego_from_sender
+        if self.missing_message > 0 and not self.training:  # elements lost at random (class docstring)
+            payload = payload * (torch.rand(payload.shape, device=payload.device) > self.missing_message)
         cond = warp_to_ego(payload, T_ego_from_sender, self.lidar_range) if first else payload
         gen, raw = self._generate(cond, arrival.receiver_features, arrival.receiver_types)
         if reference and self.training:

@@ -185,6 +185,7 @@ IMPORT_SAMPLE = [
     "STAMP/opencood/hypes_yaml/opv2v/object_detection/local_adapter/convnext/m4/config.yaml",
     "heal_stage1_m1_pyramid.yaml",
     "gencomm_stage1_m2_att.yaml",
+    "gencomm_stage2_m1m2m3m4_att_infer.yaml",
 ]
 
 

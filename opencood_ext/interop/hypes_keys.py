@@ -243,7 +243,9 @@ KEYS: Dict[str, Rule] = {
     "model.args.trick": Fixed((False,), "GenComm stage 2's 'trick' (the generated feature masked to the "
                                         "sender's non-empty cells)"),
     "model.args.in_head_single": Dropped("width of the per-agent heads, built only with supervise_single"),
-    "model.args.missing_message": Fixed((False,), "random message dropping at evaluation"),
+    "model.args.missing_message": Mapped("model.link.missing_message: GenComm's evaluation zeroes each element of "
+                                         "every collaborator's message at random, 0.4 of them in its stage-1 model, "
+                                         "0.1 in its stage-2 model; true with another model is refused"),
     "model.args.supervise_single": Mapped("model.fusion_args.occupancy_weights (heter_pyramid_collab: its "
                                           "foreground loss; any other model: must be false)"),
     "model.args.message_extractor.in_ch": Same("equal to the feature width"),

@@ -22,6 +22,9 @@ CAMERA_TRUNKS = {"EfficientNet": "efficientnet_b0", "Resnet101": "resnet101"}
 # the reference SECOND (VoxelBackBone8x): stage widths and SubM blocks after each stage's first conv
 SECOND_CHANNELS, SECOND_BLOCKS = [16, 32, 64, 64], [1, 2, 2, 2]
 _MODALITY = re.compile(r"m\d+\Z")
+# model.args.missing_message: true -> the share of each collaborator's message elements the reference's
+# evaluation zeroes (heter_model_baseline_w_gencomm_stage1/2 forward: torch.rand(C, H, W) > 0.4 / > 0.1)
+MISSING_MESSAGE = {"heter_model_baseline_w_gencomm_stage1": 0.4, "heter_model_baseline_w_gencomm_stage2": 0.1}
 
 
 def modality_names(r: HypesReader) -> List[str]:
@@ -166,12 +169,25 @@ def _link(r: HypesReader, kind: str, types: List[str]) -> dict:
             # the reference generates on each feature in its sender's frame and warps in the fusion;
             # protocol: reference (the converted config's) also generates the ego's own feature
             "warp_before_generation": False, "wire_dtype": "float32"}
+    missing = _missing_message(r)
+    if missing:
+        link["missing_message"] = missing
     if r.has("model.args.enhancer") or r.children("model.args.enhancer"):  # the reference: 'enhancer' in args
         link["enhancer"] = {"variant": "reference"}
     else:
         r.approximations.append(("model.args.enhancer", "absent: the reference applies no enhancer; our link "
                                  "always refines with a Channel Enhancer"))
     return link
+
+
+def _missing_message(r: HypesReader) -> float:
+    """``model.link.missing_message`` of a GenComm model (:data:`MISSING_MESSAGE`), 0 when off."""
+    key = "model.args.missing_message"
+    value = r.get(key, False)
+    if not isinstance(value, bool):
+        r.refuse(key, f"is {value!r}; the reference reads true or false")
+        return 0.0
+    return MISSING_MESSAGE.get(r.get("model.core_method"), 0.0) if value else 0.0
 
 
 def model_section(r: HypesReader, types: List[str]) -> dict:
@@ -185,6 +201,10 @@ def model_section(r: HypesReader, types: List[str]) -> dict:
         r.refuse("model.core_method", f"model {core!r}: {REFUSED_MODELS[core]}")
     elif core not in MODELS:
         r.refuse("model.core_method", f"model {core!r} not supported; one of {sorted(MODELS)}")
+    if r.get("model.args.missing_message", False) is True and core not in MISSING_MESSAGE:
+        r.refuse("model.args.missing_message", f"true: model {core!r} zeroes collaborators' features at random in "
+                 f"evaluation, which this project's {MODELS.get(core, core)} link does not (GenComm's message loss "
+                 f"converts: {sorted(MISSING_MESSAGE)})")
     collab = core in STAMP_COLLAB_MODELS  # fusion, fusion op and link: the ego type's (stamp_collab)
     model = {
         "fusion": "intermediate", "fusion_op": "pyramid" if collab else fusion_op(r, types),
