@@ -35,15 +35,14 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from opencood_ext.run_folder import DYNAMIC, RunFolder, epoch_checkpoint, evaluation_label
 
+from .evaluation import Alliance, Evaluation
+from .method_ids import LATE_OF_STAGE1, NONE_OF_STAGE1, ONBOARDING_ROWS
 from .run_facts import run_facts
 from .results import ResultRow
 from .steps import Command, sets
 
 TYPES = ("m1", "m2", "m3", "m4")
-# (row label, onboarding method); "mpda_fusion_head" is MPDA with its reference's trainable set (the ego's
-# fusion, post-fusion layers and head train too), beside "mpda" with the alliance frozen as for every method
-METHODS = [("GenComm", "gencomm"), ("BackAlign", "backalign"), ("STAMP", "stamp"), ("MPDA", "mpda"),
-           ("MPDA, fusion + head train", "mpda_fusion_head"), ("CodeFilling", "codefilling")]
+METHODS = ONBOARDING_ROWS  # (row label, onboarding method key, which is the row's method id)
 
 
 def stage2_config(family: str, method: str, types: Sequence[str] = TYPES, configs: Optional[Path] = None) -> Path:
@@ -78,12 +77,12 @@ def _dynamic(run: Path) -> List[dict]:
     return RunFolder(run).read_evaluation(DYNAMIC)
 
 
-def _row(name: str, run: Path, dynamic: List[dict], note: str, **extra) -> ResultRow:
+def _row(method_id: str, name: str, run: Path, dynamic: List[dict], note: str, **extra) -> ResultRow:
     """A results row: ``eval`` is its last alliance's evaluation (ap, ap_ci, bytes, frames file)."""
     full = RunFolder(run).read_evaluation(evaluation_label(alliance=dynamic[-1]["types"]))
-    return ResultRow(method=name, table="heterogeneous", run=str(run), eval=full, note=note,
-                     dynamic=[{k: d[k] for k in ("types", "ap", "ap_ci", "bytes_per_message", "onboard_params",
-                                                 "onboard_gflops", "frames", "num_scenes") if k in d} for d in dynamic],
+    kept = ("types", "ap", "ap_ci", "bytes_per_message", "onboard_params", "onboard_gflops", "frames", "num_scenes")
+    return ResultRow(method_id, name, Evaluation.from_run_json(full, str(run)), table="heterogeneous", run=str(run),
+                     note=note, alliances=[Alliance.from_run_json({k: d[k] for k in kept if k in d}) for d in dynamic],
                      **extra)
 
 
@@ -133,7 +132,7 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
                                               "--reuse", *eval_sets]))
         ob = json.loads(RunFolder(run).onboarding_report.read_text())
         origin = "full-feature stage-1 runs" if own else "GenComm's stage-1 runs"
-        rows.append(_row(f"{name} ({joined} onboarded)", run, _dynamic(run), f"stage 2 ({method}) from {origin}",
+        rows.append(_row(method, f"{name} ({joined} onboarded)", run, _dynamic(run), f"stage 2 ({method}) from {origin}",
                          trainable_params=ob["trainable_params_total"],
                          trainable_params_per_type=ob["trainable_params_per_new_type"],
                          train_wall_s=ob["onboarding_wall_time_s"], onboard_method=method,
@@ -141,15 +140,16 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
     late = runs / ("late_of_stage1" if types == list(TYPES) else f"late_of_stage1_{''.join(types)}")
     run_cmd(Command("gencomm-infer", [*[a for t in types for a in ("--late_of", f"{t}={stage1[t]}")],
                                       "-o", late, "--dynamic", order, "--reuse", *eval_sets]))
-    rows.append(_row("Late fusion (stage-1 models)", late, _dynamic(late),
+    rows.append(_row(LATE_OF_STAGE1, "Late fusion (stage-1 models)", late, _dynamic(late),
                      "each agent detects with its own stage-1 run; nothing trained", trainable_params=0,
                      train_wall_s=0.0, **run_facts(stage1[types[0]], trained=False)))
     alone = runs / "none_of_stage1"
     run_cmd(Command("gencomm-infer", ["--late_of", f"{types[0]}={stage1[types[0]]}", "-o", alone,
                                       "--fusion_method", "none", "--dynamic", types[0], "--reuse", *eval_sets]))
-    row = _row(f"No fusion ({types[0]} stage-1 model)", alone, _dynamic(alone), "the ego alone: the same AP for every "
-               "alliance", trainable_params=0, train_wall_s=0.0,
+    row = _row(NONE_OF_STAGE1, f"No fusion ({types[0]} stage-1 model)", alone, _dynamic(alone), "the ego alone: the "
+               "same AP for every alliance", trainable_params=0, train_wall_s=0.0,
                **run_facts(stage1[types[0]], trained=False))
-    row.dynamic = [dict(row.dynamic[0], types=types[:k + 1]) for k in range(len(types))]
+    ego = row.alliances[0].to_run_json()  # one evaluation for every alliance; its records are {ego}'s alone
+    row.alliances = [Alliance.from_run_json({**ego, "types": types[:k + 1]}) for k in range(len(types))]
     rows.append(row)
     return rows

@@ -30,17 +30,16 @@ from typing import List, Sequence
 
 from opencood_ext.eval.bootstrap import bootstrap_ap
 
+from .archives import load_archive
 from .fair_camera import camera_json, camera_section
 from .fair_plot import plot_fair
-from .fair_stats import (FULL_FEATURE, LATE, NO_FUSION, NOT_ONBOARDING, REFERENCE, Group, _budget, _mean_std_text,
-                         bench_getter, bench_methods, compare, diff_cell, diff_json, group_by_protocol, main_getter,
-                         main_methods, protocol_of)
-from .results import ArchivedEval
-from .seeds import _k, holds_every_seed, load_archive, seed_section
+from .fair_stats import (Group, bench_getter, bench_methods, compare, diff_cell, diff_json, group_by_protocol,
+                         main_getter, main_methods, protocol_of)
+from .method_ids import INTERMEDIATE as FULL_FEATURE, LATE, LATE_OF_STAGE1, NO_FUSION, NONE_OF_STAGE1, REFERENCE
+from .seeds import holds_every_seed, seed_section
+from .tables import budget_cell, mean_std_cell, short_name, threshold_index
 
-
-def _eval_json(ev: ArchivedEval, where: str) -> dict:
-    return {"ap": ev.ap, "ap_ci": ev.ap_ci, "bytes_per_message": ev.bytes_per_message, "frames": f"{where}/{ev.frames}"}
+NOT_ONBOARDING = (NONE_OF_STAGE1, LATE_OF_STAGE1)  # the benchmark's rows that onboard nothing
 
 
 def flat_rows(group: Group) -> List[dict]:
@@ -49,17 +48,7 @@ def flat_rows(group: Group) -> List[dict]:
     out = []
     for a in group.archives:
         where = f"{group.protocol}/seed{a.seed}"
-        for r in a.rows:
-            out.append({"method": r.method, "table": "main", "protocol": r.protocol, "training_seed": r.training_seed,
-                        "optimizer_steps": r.optimizer_steps, "trainable_params": r.trainable_params,
-                        "train_wall_s": r.train_wall_s, "eval": _eval_json(r.eval, where),
-                        "ego_only": _eval_json(r.ego_only, where)})
-        for b in a.benchmark:
-            out.append({"method": b.method, "table": "heterogeneous", "protocol": b.protocol,
-                        "training_seed": b.training_seed, "optimizer_steps": b.optimizer_steps,
-                        "trainable_params": b.trainable_params, "train_wall_s": b.train_wall_s,
-                        "onboard_method": b.onboard_method, "eval": _eval_json(b.alliances[-1].eval, where),
-                        "alliances": [{"types": x.types, **_eval_json(x.eval, where)} for x in b.alliances]})
+        out += [r.to_combined(where) for r in [*a.rows, *a.benchmark]]
     return out
 
 
@@ -75,8 +64,9 @@ def main_budget_section(group: Group) -> List[str]:
              "| method | optimizer steps | training wall time (s) | trainable params |", "|---|---|---|---|"]
     for m in methods:
         rows = [a.row(m) for a in group.archives]
-        lines.append(f"| {m} | {_budget([r.optimizer_steps for r in rows], 'd')} | "
-                     f"{_budget([r.train_wall_s for r in rows], '.0f')} | {_budget([r.trainable_params for r in rows], ',d')} |")
+        lines.append(f"| {group.name(m)} | {budget_cell([r.optimizer_steps for r in rows], 'd')} | "
+                     f"{budget_cell([r.train_wall_s for r in rows], '.0f')} | "
+                     f"{budget_cell([r.trainable_params for r in rows], ',d')} |")
     return lines
 
 
@@ -98,14 +88,17 @@ def bench_section(group: Group, resamples: int) -> List[str]:
              "|---|" + "---|" * (len(head) + 4)]
     for m in methods:
         rows = [a.bench_row(m) for a in arcs]
-        cells = [_mean_std_text([r.alliances[k].eval.ap["global"]["0.5"] for r in rows]) for k in range(len(types))]
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {_mean_std_text([r.alliances[-1].eval.ap['global']['0.7'] for r in rows])}"
-                     f" | {_budget([r.optimizer_steps for r in rows], 'd')} | {_budget([r.train_wall_s for r in rows], '.0f')}"
-                     f" | {_budget([r.trainable_params for r in rows], ',d')} |")
-    ref = next((m for m in methods if m.startswith(REFERENCE)), None)
+        cells = [mean_std_cell([r.alliances[k].eval.ap["global"]["0.5"] for r in rows]) for k in range(len(types))]
+        lines.append(f"| {group.name(m, 'heterogeneous')} | " + " | ".join(cells)
+                     + f" | {mean_std_cell([r.alliances[-1].eval.ap['global']['0.7'] for r in rows])}"
+                     f" | {budget_cell([r.optimizer_steps for r in rows], 'd')} | "
+                     f"{budget_cell([r.train_wall_s for r in rows], '.0f')}"
+                     f" | {budget_cell([r.trainable_params for r in rows], ',d')} |")
+    ref = REFERENCE if REFERENCE in methods else None
     if ref is None:
         return lines
-    lines += ["", f"Each row minus {ref} on the same test frames (global order): pooled over seeds with its 95% "
+    lines += ["", f"Each row minus {group.name(ref, 'heterogeneous')} on the same test frames (global order): "
+              "pooled over seeds with its 95% "
               "interval (bold: excludes 0), then each seed (*: that seed's interval excludes 0).", "",
               f"| method | {head[0]} AP@0.5 | full AP@0.5 | full AP@0.7 |", "|---|---|---|---|"]
     verdicts = []
@@ -114,11 +107,12 @@ def bench_section(group: Group, resamples: int) -> List[str]:
             continue
         first = compare(group, bench_getter(m, 0), bench_getter(ref, 0), resamples)
         full = compare(group, bench_getter(m), bench_getter(ref), resamples)
-        lines.append(f"| {m} | {diff_cell(*first, '0.5')} | {diff_cell(*full, '0.5')} | {diff_cell(*full, '0.7')} |")
+        name_m = group.name(m, "heterogeneous")
+        lines.append(f"| {name_m} | {diff_cell(*first, '0.5')} | {diff_cell(*full, '0.5')} | {diff_cell(*full, '0.7')} |")
         for name, res, thr in ((head[0], first, "0.5"), ("full alliance", full, "0.5"), ("full alliance", full, "0.7")):
             if holds_every_seed(*res, thr):
-                side = "above" if res[1].diff["global"][_k(res[1], thr)] > 0 else "below"
-                verdicts.append(f"{m} {side} {REFERENCE} ({name}, AP@{thr})")
+                side = "above" if res[1].diff["global"][threshold_index(res[1].thresholds, thr)] > 0 else "below"
+                verdicts.append(f"{name_m} {side} {short_name(group.name(ref, 'heterogeneous'))} ({name}, AP@{thr})")
     lines += ["", f"Significant in every seed: {'; '.join(verdicts) or 'none'}."]
     return lines
 
@@ -129,17 +123,21 @@ def checks(group: Group, resamples: int) -> List[dict]:
     benchmark's no-fusion row (the ego's stage-1 model with its collaborators off) and against the main
     table's no fusion (a model trained alone; the same ego LiDAR, test frames and ground truth)."""
     out = []
-    items = [(FULL_FEATURE, NO_FUSION, "main table", main_getter(FULL_FEATURE), main_getter(NO_FUSION))]
-    nf = next((m for m in bench_methods(group) if m.startswith(NO_FUSION)), None)
-    alone = NO_FUSION in main_methods(group)
+    main = main_methods(group)
+    items = [] if FULL_FEATURE not in main or NO_FUSION not in main else [
+        (group.name(FULL_FEATURE), group.name(NO_FUSION), "main table", main_getter(FULL_FEATURE), main_getter(NO_FUSION))]
+    nf = NONE_OF_STAGE1 if NONE_OF_STAGE1 in bench_methods(group) else None
+    alone = NO_FUSION in main
     for m in bench_methods(group):
-        if m.startswith(NOT_ONBOARDING):
+        if m in NOT_ONBOARDING:
             continue
+        name = group.name(m, "heterogeneous")
         if nf is not None:
-            items.append((m, nf, "benchmark, ego alliance alone", bench_getter(m, 0), bench_getter(nf, 0)))
+            items.append((name, group.name(nf, "heterogeneous"), "benchmark, ego alliance alone", bench_getter(m, 0),
+                          bench_getter(nf, 0)))
         if alone:
-            items.append((m, f"{NO_FUSION} (main table, trained alone)", "benchmark {m1} against the main table",
-                          bench_getter(m, 0), main_getter(NO_FUSION)))
+            items.append((name, f"{group.name(NO_FUSION)} (main table, trained alone)",
+                          "benchmark {m1} against the main table", bench_getter(m, 0), main_getter(NO_FUSION)))
     for a, b, where, ga, gb in items:
         res = compare(group, ga, gb, resamples)
         if res is None:
@@ -161,11 +159,12 @@ def against_reference(group: Group, resamples: int) -> List[dict]:
     out = []
     for table, methods, getter in (("main", main_methods(group), main_getter),
                                    ("heterogeneous", bench_methods(group), bench_getter)):
-        ref = next((m for m in methods if m.startswith(REFERENCE)), None)
+        ref = REFERENCE if REFERENCE in methods else None
         for m in methods if ref is not None else []:
             res = None if m == ref else compare(group, getter(m), getter(ref), resamples)
             if res is not None:
-                out.append({"protocol": group.protocol, "table": table, "method": m, "minus": ref,
+                out.append({"protocol": group.protocol, "table": table, "method": group.name(m, table),
+                            "minus": group.name(ref, table),
                             "diff": {t: diff_json(group.seeds, *res, t) for t in ("0.5", "0.7")}})
     return out
 
@@ -195,8 +194,8 @@ def family_section(group: Group, resamples: int) -> List[str]:
     main = main_methods(group)
     entries = [("main", m, main_getter(m)) for m in main] + [("benchmark", m, bench_getter(m))
                                                               for m in bench_methods(group)]
-    refs = {"main": next((m for m in main if m.startswith(REFERENCE)), None),
-            "benchmark": next((m for m in bench_methods(group) if m.startswith(REFERENCE)), None)}
+    refs = {"main": REFERENCE if REFERENCE in main else None,
+            "benchmark": REFERENCE if REFERENCE in bench_methods(group) else None}
     lines = ["", f"### Per scene family ({group.protocol})", "",
              "AP@0.5 per family, mean ± std over seeds, and the row minus its table's GenComm on that family's "
              "frames (pooled over seeds [95%]; per seed, * significant). " + ", ".join(
@@ -209,15 +208,16 @@ def family_section(group: Group, resamples: int) -> List[str]:
             aps = []
             for a in group.archives:
                 part = get(a).subset(parts[f])
-                aps.append(float(bootstrap_ap(part, 1).ap["global"][_k(part, "0.5")]))
-            cells.append(_mean_std_text(aps))
+                aps.append(float(bootstrap_ap(part, 1).ap["global"][threshold_index(part.thresholds, "0.5")]))
+            cells.append(mean_std_cell(aps))
             ref = refs[table]
             if ref is None or ref == m:
                 cells.append("-")
                 continue
             ref_get = main_getter(ref) if table == "main" else bench_getter(ref)
             cells.append(diff_cell(*compare(group, get, ref_get, resamples, parts[f]), "0.5"))
-        lines.append(f"| {table} | {m} | " + " | ".join(cells) + " |")
+        lines.append(f"| {table} | {group.name(m, 'main' if table == 'main' else 'heterogeneous')} | "
+                     + " | ".join(cells) + " |")
     return lines + ordering_by_family(group, main, parts, resamples)
 
 
@@ -227,7 +227,8 @@ def ordering_by_family(group: Group, main: Sequence[str], parts: dict, resamples
     lead a property of the perpendicular junctions?)."""
     if LATE not in main or FULL_FEATURE not in main:
         return []
-    lines = ["", f"The field's ordering per family: {LATE} minus {FULL_FEATURE} (main table, paired on the "
+    lines = ["", f"The field's ordering per family: {group.name(LATE)} minus {group.name(FULL_FEATURE)} (main table, "
+             "paired on the "
              "same frames; pooled over seeds [95%], then each seed, * significant):", "",
              "| frames | AP@0.5 | AP@0.7 |", "|---|---|---|"]
     for name, scenes in [*parts.items(), ("all", None)]:

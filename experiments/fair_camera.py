@@ -5,7 +5,7 @@ its kept onboarding epochs (``gencomm-reproduce --score_epochs gencomm``), at ev
 "What +m2 adds" is a paired difference within one row: the alliance with the camera type minus the
 alliance before it ({m1, m2} minus {m1}), the same weights on the same test frames
 (:func:`experiments.report_epochs.camera_steps` names the steps). Read from the seed archives only:
-each benchmark row's ``alliances`` and, when scored, its ``epochs`` (:class:`ArchivedBenchmarkRow`).
+each benchmark row's ``alliances`` and, when scored, its ``epochs`` (:class:`~experiments.results.ResultRow`).
 No fusion is left out: every alliance of it is the ego alone."""
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from typing import List, Sequence
 
 from opencood_ext.run_folder import epoch_checkpoint
 
-from .fair_stats import (NO_FUSION, Group, _mean_std_text, alliance_getter, bench_methods, compare, diff_json,
-                         entry_cell)
+from .fair_stats import Group, alliance_getter, bench_methods, compare, diff_json, entry_cell
+from .method_ids import NONE_OF_STAGE1
 from .report_epochs import camera_steps
+from .tables import mean_std_cell
 
 THRESHOLD = "0.5"
 
@@ -26,7 +27,7 @@ def _full_types(group: Group) -> List[str]:
 
 
 def _methods(group: Group) -> List[str]:
-    return [m for m in bench_methods(group) if not m.startswith(NO_FUSION)]
+    return [m for m in bench_methods(group) if m != NONE_OF_STAGE1]
 
 
 def scored_epochs(group: Group, method: str) -> List[int]:
@@ -46,7 +47,8 @@ def camera_json(group: Group, resamples: int) -> List[dict]:
                 res = compare(group, alliance_getter(m, alliance, epoch), alliance_getter(m, before, epoch),
                               resamples)
                 if res is not None:
-                    out.append({"protocol": group.protocol, "method": m, "step": name, "weights": weights,
+                    out.append({"protocol": group.protocol, "method": group.name(m, "heterogeneous"), "step": name,
+                                "weights": weights,
                                 **diff_json(group.seeds, *res, THRESHOLD)})
     return out
 
@@ -66,7 +68,7 @@ def camera_section(group: Group, found: Sequence[dict]) -> List[str]:
              "chosen on the validation split).", "",
              "| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     verdicts = []
-    for m in _methods(group):
+    for m in [group.name(m, "heterogeneous") for m in _methods(group)]:
         for name in names:
             c = by.get((m, name, "selected"))
             if c is not None and c["significant_every_seed"]:
@@ -85,15 +87,16 @@ def epoch_lines(group: Group, method: str, epochs: Sequence[int], names: Sequenc
     what each camera step adds at that epoch; the epoch each seed's selected weights are from."""
     rows = [a.bench_row(method) for a in group.archives]
     full = rows[0].alliances[-1].types
+    name = rows[0].method
     best = ", ".join(f"seed {a.seed}: {'?' if r.best_epoch is None else r.best_epoch}"
                      for a, r in zip(group.archives, rows))
-    lines = ["", f"#### {method} at every scored onboarding epoch ({group.protocol})", "",
+    lines = ["", f"#### {name} at every scored onboarding epoch ({group.protocol})", "",
              f"The full alliance's AP@{THRESHOLD} (mean ± std over seeds) and what each camera adds at that epoch "
              f"(cells as above). The selected weights are from epoch {best}.", "",
              f"| epoch | full AP@{THRESHOLD} | " + " | ".join(names) + " |",
              "|---|---|" + "---|" * len(names)]
     for n in epochs:
         aps = [r.alliance(full, n).eval.ap["global"][THRESHOLD] for r in rows]
-        lines.append(f"| {n} | {_mean_std_text(aps)} | "
-                     + " | ".join(entry_cell(by.get((method, x, epoch_checkpoint(n)))) for x in names) + " |")
+        lines.append(f"| {n} | {mean_std_cell(aps)} | "
+                     + " | ".join(entry_cell(by.get((name, x, epoch_checkpoint(n)))) for x in names) + " |")
     return lines

@@ -6,7 +6,7 @@ The figures are the ones the report's tables give (:func:`seed_points` reads the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import List, NamedTuple, Sequence, Tuple
 
 import matplotlib
 
@@ -14,37 +14,48 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from .fair_stats import NO_FUSION, REFERENCE, Group, bench_methods, main_methods  # noqa: E402
+from .fair_stats import Group, bench_methods, main_methods  # noqa: E402
+from .method_ids import NO_FUSION_ROWS, REFERENCE  # noqa: E402
 
 SEED_MARKERS = "os^Dv<>p"  # training seed s draws SEED_MARKERS[s % 8] in every panel
-Panel = Tuple[str, List[Tuple[str, List[float]]]]  # (title, [(method, AP per seed in group order)])
+
+
+class PlotRow(NamedTuple):
+    """One row of a panel: its method id, display name and AP per seed (in the group's seed order)."""
+
+    method_id: str
+    method: str
+    aps: List[float]
+
+
+Panel = Tuple[str, List[PlotRow]]  # (title, rows)
 
 
 def seed_points(group: Group, thr: str = "0.5") -> List[Panel]:
     """The values the figure draws for ``group``: per panel, per row, the global AP at ``thr`` of each seed
     (the main table's rows, then the benchmark's full alliance; a panel without rows is left out)."""
     arcs = group.archives
-    main = [(m, [a.row(m).eval.ap["global"][thr] for a in arcs])
-            for m in main_methods(group)]
-    bench = [(m, [a.bench_row(m).alliances[-1].eval.ap["global"][thr] for a in arcs]) for m in bench_methods(group)]
+    main = [PlotRow(m, group.name(m), [a.row(m).eval.ap["global"][thr] for a in arcs]) for m in main_methods(group)]
+    bench = [PlotRow(m, group.name(m, "heterogeneous"), [a.bench_row(m).alliances[-1].eval.ap["global"][thr]
+                                                         for a in arcs]) for m in bench_methods(group)]
     panels = [("main table: m1 ego, m3 collaborators", main)]
     if bench:
-        types = arcs[0].bench_row(bench[0][0]).alliances[-1].types
+        types = arcs[0].bench_row(bench[0].method_id).alliances[-1].types
         panels.append((f"benchmark: full alliance {'+'.join(types)}", bench))
     return [p for p in panels if p[1]]
 
 
-def _draw(ax, title: str, rows: List[Tuple[str, List[float]]], seeds: Sequence[int], thr: str) -> None:
+def _draw(ax, title: str, rows: List[PlotRow], seeds: Sequence[int], thr: str) -> None:
     ys = range(len(rows))
-    for y, (method, aps) in zip(ys, rows):
-        color = "C3" if method.startswith(REFERENCE) else "C0"
+    for y, (method_id, _, aps) in zip(ys, rows):
+        color = "C3" if method_id == REFERENCE else "C0"
         ax.barh(y, sum(aps) / len(aps), color=color, alpha=0.25, height=0.6)
         for seed, ap in zip(seeds, aps):
             ax.scatter(ap, y, marker=SEED_MARKERS[seed % len(SEED_MARKERS)], color=color, s=28, zorder=3)
-    nf = next((aps for m, aps in rows if m.startswith(NO_FUSION)), None)
+    nf = next((r.aps for r in rows if r.method_id in NO_FUSION_ROWS), None)
     if nf is not None:
         ax.axvline(sum(nf) / len(nf), color="0.3", linestyle="--", linewidth=1)
-    ax.set_yticks(list(ys), [m for m, _ in rows], fontsize=8)
+    ax.set_yticks(list(ys), [r.method for r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(f"AP@{thr} (global order)")
     ax.set_title(title, fontsize=9)
@@ -57,7 +68,7 @@ def plot_fair(groups: Sequence[Group], path: Path, thr: str = "0.5") -> Path:
     cols = max(len(p) for _, p in layout)
     height = sum(0.3 * max(len(r) for _, r in p) + 1.2 for _, p in layout)
     fig, axes = plt.subplots(len(layout), cols, figsize=(6.0 * cols, height), dpi=110, squeeze=False)
-    aps = [ap for _, p in layout for _, rows in p for _, v in rows for ap in v]
+    aps = [ap for _, p in layout for _, rows in p for r in rows for ap in r.aps]
     xlim = (max(0.0, min(aps) - 0.1), min(1.0, max(aps) + 0.05))  # one scale: panels compare by eye
     for row, (g, panels) in zip(axes, layout):
         for ax, (title, rows) in zip(row, panels):

@@ -12,14 +12,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 from opencood_ext.eval.bootstrap import paired_difference, pooled_paired_difference
 from opencood_ext.eval.records import FrameRecords
 
-from .seeds import SeedArchive, _cell, _k, _mean_std, holds_every_seed, load_archive, load_archives
-
-REFERENCE = "GenComm"
-NO_FUSION = "No fusion"
-FULL_FEATURE = "Intermediate (full feature)"
-LATE = "Late fusion"
-# the rows that are no onboarding method: what the competitors' {m1} is held against
-NOT_ONBOARDING = (NO_FUSION, LATE)
+from .archives import SeedArchive, load_archive, load_archives
+from .seeds import holds_every_seed
+from .tables import paired_cell, threshold_index
 
 
 @dataclass
@@ -32,6 +27,11 @@ class Group:
     @property
     def seeds(self) -> List[int]:
         return [a.seed for a in self.archives]
+
+    def name(self, method_id: str, table: str = "main") -> str:
+        """The display name of the row ``method_id`` of ``table`` (the first seed's)."""
+        a = self.archives[0]
+        return (a.row(method_id) if table == "main" else a.bench_row(method_id)).method
 
 
 def protocol_of(archive: SeedArchive) -> str:
@@ -106,13 +106,9 @@ def entry_cell(c: Optional[dict]) -> str:
     if c is None:
         return "-"
     p = c["pooled"]
-    return _cell(p["diff"], p["ci"][0], p["ci"][1], p["significant"]) + "; " + ", ".join(
-        f"{v['diff']:+.3f}" + ("*" if v["significant"] else "") for v in c["per_seed"].values())
+    return paired_cell(p["diff"], p["ci"][0], p["ci"][1], p["significant"],
+                       [(v["diff"], v["significant"]) for v in c["per_seed"].values()])
 
-
-def _mean_std_text(values: Sequence[float]) -> str:
-    """"mean ± sample std" over seeds; one seed has no spread to show, so just its value."""
-    return f"{values[0]:.3f}" if len(values) == 1 else "{:.3f} ± {:.3f}".format(*_mean_std(values))
 
 
 def _common(archives: Sequence[SeedArchive], names: Callable[[SeedArchive], List[str]]) -> List[str]:
@@ -121,26 +117,19 @@ def _common(archives: Sequence[SeedArchive], names: Callable[[SeedArchive], List
 
 
 def main_methods(group: Group) -> List[str]:
-    """The main-table rows every seed of ``group`` has, in the first seed's order."""
-    return _common(group.archives, lambda a: [r.method for r in a.rows])
+    """The ids of the main-table rows every seed of ``group`` has, in the first seed's order."""
+    return _common(group.archives, lambda a: [r.method_id for r in a.rows])
 
 
 def bench_methods(group: Group) -> List[str]:
-    return _common(group.archives, lambda a: [r.method for r in a.benchmark])
-
-
-def _budget(values: Sequence[Optional[float]], fmt: str) -> str:
-    v = [x for x in values if x is not None]
-    if not v:
-        return "-"
-    return format(v[0], fmt) if len(set(v)) == 1 else " / ".join(format(x, fmt) for x in v)
+    return _common(group.archives, lambda a: [r.method_id for r in a.benchmark])
 
 
 def diff_json(seeds: Sequence[int], per_seed, pooled, thr: str = "0.5") -> dict:
     """A comparison as results.json keeps it: the pooled difference with its interval and whether it
     excludes 0, each seed's (keyed by ``seeds``) with whether its interval does, and whether that holds
     in every seed (:func:`holds_every_seed`)."""
-    k = _k(pooled, thr)
+    k = threshold_index(pooled.thresholds, thr)
     return {"threshold": thr,
             "pooled": {"diff": float(pooled.diff["global"][k]),
                        "ci": [float(pooled.lo["global"][k]), float(pooled.hi["global"][k])],

@@ -13,6 +13,8 @@ from typing import Dict, List, Optional, Sequence
 from opencood_ext.run_folder import RunFolder, evaluation_label
 from opencood_ext.training.runlog import training_wall_time
 
+from .evaluation import Evaluation
+from .method_ids import GENCOMM
 from .profiles import BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE2, TEST_SEED_OFFSET, Profile
 from .results import ResultRow, StepTime
 from .run_facts import run_facts
@@ -90,7 +92,7 @@ def robustness_sweep(rows: Sequence[ResultRow], out: Path, profile: Profile, see
     folders); -> ``out/robustness.json``."""
     argv = ["--sweep", "all", "-o", str(out), "--channel_seed", str(seed), *cache_args(profile)]
     for r in rows:
-        argv += ["--runs", f"{r.method}={r.run}:{r.eval['fusion']}"]
+        argv += ["--runs", f"{r.method}={r.run}:{r.eval.details['fusion']}"]
     for effect, levels in profile.robustness.items():
         argv += [f"--{effect}", levels]
     call(Command("gencomm-robustness", argv + sets(profile.overrides)))
@@ -154,14 +156,14 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
     eval_sets = [] if test_root is None else [f"data.root={test_root}"]
     evaluation = dataclasses.replace(profile, overrides=[*profile.overrides, *eval_sets])  # what evaluations get
     rows: List[ResultRow] = []
-    for method, config, fusion in BASELINES:
+    for method_id, method, config, fusion in BASELINES:
         run = runs / Path(config).stem
         wall = steps.run(f"train {run.name}", train, configs / config, run, data, profile)
         res = steps.run(f"evaluate {run.name}", evaluate_run, run, fusion, evaluation)
         solo = steps.run(f"evaluate {run.name}, collaborators off", ego_only, run, fusion, res, evaluation)
-        rows.append(ResultRow(method=method, run=str(run), eval=res, train_wall_s=wall,
-                              trainable_params=count_trainable(run), note="retrained end to end", ego_only=solo,
-                              **run_facts(run)))
+        rows.append(ResultRow(method_id, method, Evaluation.from_run_json(res, str(run)), run=str(run),
+                              train_wall_s=wall, trainable_params=count_trainable(run), note="retrained end to end",
+                              ego_only=Evaluation.from_run_json(solo, str(run)), **run_facts(run)))
     stage1: Dict[str, Path] = {}
     wall1: Dict[str, float] = {}
     for t, config in STAGE1.items():
@@ -177,8 +179,9 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
     steps.run("onboard m3 (GenComm)", call, Command("gencomm-onboard", argv))
     onboarding = json.loads(RunFolder(onboard_run).onboarding_report.read_text())
     res = steps.run("evaluate onboard_gencomm_m3", evaluate_run, onboard_run, "intermediate", evaluation)
-    rows.append(ResultRow(method="GenComm (m3 onboarded)", run=str(onboard_run), eval=res,
-                          ego_only=ego_only(onboard_run, "intermediate", res, evaluation),
+    solo = ego_only(onboard_run, "intermediate", res, evaluation)
+    rows.append(ResultRow(GENCOMM, "GenComm (m3 onboarded)", Evaluation.from_run_json(res, str(onboard_run)),
+                          run=str(onboard_run), ego_only=Evaluation.from_run_json(solo, str(onboard_run)),
                           train_wall_s=onboarding["onboarding_wall_time_s"],
                           trainable_params=onboarding["trainable_params_total"],
                           note=f"stage 2 only; stage 1: m1 {wall1['m1']:.0f} s, m3 {wall1['m3']:.0f} s",

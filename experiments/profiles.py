@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from .method_ids import EARLY, INTERMEDIATE, LATE, NO_FUSION
+
 
 @dataclass
 class Profile:
@@ -67,12 +69,12 @@ PROFILES = {
                      overrides=["train.num_workers=4"], seeds=(0, 1, 2), scene_family="mixed"),
 }
 
-# (method, config, fusion method used at evaluation)
+# (method id, display name, config, fusion method used at evaluation)
 BASELINES = [
-    ("No fusion", "sim/m1_none.yaml", "none"),
-    ("Late fusion", "sim/m1m3_late.yaml", "late"),
-    ("Early fusion", "sim/m1m3_early.yaml", "early"),
-    ("Intermediate (full feature)", "sim/m1m3_intermediate.yaml", "intermediate"),
+    (NO_FUSION, "No fusion", "sim/m1_none.yaml", "none"),
+    (LATE, "Late fusion", "sim/m1m3_late.yaml", "late"),
+    (EARLY, "Early fusion", "sim/m1m3_early.yaml", "early"),
+    (INTERMEDIATE, "Intermediate (full feature)", "sim/m1m3_intermediate.yaml", "intermediate"),
 ]
 STAGE1 = {t: f"sim/gencomm_stage1_{t}.yaml" for t in ("m1", "m3", "m2", "m4")}
 # the competitors' own stage 1 (full-feature intermediate fusion, homogeneous), as the reference runs them

@@ -16,11 +16,13 @@ import yaml
 from opencood_ext.eval.localisation import FOUND_IOU
 from opencood_ext.run_folder import RunFolder
 
-from .report_cells import ap_cell, differences, fmt_bytes
-from .report_family import compute_family_figures, family_section
+from .family_figures import compute_family_figures
+from .report_cells import differences
+from .report_family import family_section
 from .report_epochs import epoch_sections
 from .report_hetero import hetero_section
 from .results import ResultRow, Results
+from .tables import bytes_cell, short_name
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -50,12 +52,12 @@ def _note(row: ResultRow) -> str:
 
 def _interval_note(rows: Sequence[ResultRow]) -> list:
     """How the intervals were computed, from the rows' eval results, and the widest AP@0.5 half-width."""
-    boot = [r.eval for r in rows if r.eval.get("ap_ci") and r.eval.get("bootstrap")]
+    boot = [r.eval for r in rows if r.eval.ap_ci and r.eval.bootstrap]
     if not boot:
         return []
-    b = boot[0]["bootstrap"]
-    half = [(ci[1] - ci[0]) / 2 for ev in boot for ci in [ev["ap_ci"]["global"].get("0.5")] if ci]
-    scenes = sorted({ev["num_scenes"] for ev in boot})
+    b = boot[0].bootstrap
+    half = [(ci[1] - ci[0]) / 2 for ev in boot for ci in [ev.ci_at("0.5")] if ci]
+    scenes = sorted({ev.num_scenes for ev in boot})
     return ["", f"Brackets: 95% {b['interval'].split(',')[0]} interval over the {'/'.join(map(str, scenes))} test "
             f"scenes ({b['resamples']} resamples of whole scenes, seed {b['seed']}; docs/statistics.md)"
             + (f"; the widest AP@0.5 half-width is {max(half):.3f}." if half else ".")]
@@ -65,10 +67,10 @@ def plot_ap_vs_bytes(rows: Sequence[ResultRow], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     for thr, marker in ((0.5, "o"), (0.7, "s")):
         for k, r in enumerate(rows):  # one colour per method, shared by its two markers
-            b = max(r.eval["bytes_per_message"], 1.0)
-            ap = r.eval["ap"]["global"][str(thr)]
+            b = max(r.eval.bytes_per_message, 1.0)
+            ap = r.eval.ap_at(str(thr))
             ax.scatter(math.log2(b), ap, marker=marker, s=60, color=f"C{k % 10}")
-            ax.annotate(r.method.split(" (")[0], (math.log2(b), ap), textcoords="offset points",
+            ax.annotate(short_name(r.method), (math.log2(b), ap), textcoords="offset points",
                         xytext=(4, 4), fontsize=7)
     ax.set_xlabel("log2(bytes one collaborator sends per frame)  (0 = nothing sent)")
     ax.set_ylabel("AP (global order)")
@@ -86,14 +88,14 @@ PR_THRESHOLDS = ("0.5", "0.7")
 def plot_pr_rows(rows: Sequence[ResultRow], path: Path):
     """Every row's global-order PR curve (the envelope stored in its eval result,
     ``eval.pr_curves``), one panel per IoU in :data:`PR_THRESHOLDS`; None when no row has curves."""
-    have = [(k, r) for k, r in enumerate(rows) if (r.eval.get("pr_curves") or {}).get("curves")]
+    have = [(k, r) for k, r in enumerate(rows) if r.eval.pr_curves.get("curves")]
     if not have:
         return None
     fig, axes = plt.subplots(1, len(PR_THRESHOLDS), figsize=(11, 4.5), dpi=110, sharey=True)
     for ax, thr in zip(axes, PR_THRESHOLDS):
         for k, r in have:
-            c = r.eval["pr_curves"]["curves"].get(thr, {"recall": [], "precision": []})
-            ap = r.eval["ap"]["global"].get(thr)
+            c = r.eval.pr_curves["curves"].get(thr, {"recall": [], "precision": []})
+            ap = r.eval.ap["global"].get(thr)
             ax.plot(c["recall"], c["precision"], color=f"C{k % 10}", drawstyle="steps-post",
                     label=f"{r.method} (AP {ap:.3f})" if ap is not None else r.method)
         ax.set_xlim(0, 1)
@@ -118,8 +120,7 @@ def _pr_section(rows: Sequence[ResultRow], out: Path) -> list:
     lines = ["## Precision-recall curves", "",
              "Each row's curve is the precision that AP integrates (the best precision at that recall or "
              "higher), global order; the legend repeats the row's AP.", "", f"![PR curves]({plot.name})", ""]
-    images = [(r.method, r.eval["pr_curves"].get("image")) for r in rows
-              if (r.eval.get("pr_curves") or {}).get("image")]
+    images = [(r.method, r.eval.pr_curves["image"]) for r in rows if r.eval.pr_curves.get("image")]
     if images:
         lines += ["Per row, AP@0.3 / 0.5 / 0.7 on one plot: " + ", ".join(
             f"[{m}]({Path(os.path.relpath(img, out)).as_posix()})" for m, img in images), ""]
@@ -128,10 +129,10 @@ def _pr_section(rows: Sequence[ResultRow], out: Path) -> list:
 
 def _visibility_table(rows: Sequence[ResultRow]) -> list:
     """Recall@0.5 by who sees each GT object (ego / only a collaborator / nobody), when evaluated."""
-    have = [r for r in rows if r.eval.get("recall_by_visibility")]
+    have = [r for r in rows if r.eval.recall_by_visibility]
     if not have:
         return []
-    groups = list(have[0].eval["recall_by_visibility"])
+    groups = list(have[0].eval.recall_by_visibility)
     lines = ["", "Recall@0.5 by who sees each test object (>= 5 of an agent's LiDAR points, or its own car); "
              "only the collaborator-only column can show what a message carries that the ego cannot see:", "",
              "| method | " + " | ".join(g.replace("_", " ") for g in groups) + " |",
@@ -139,7 +140,7 @@ def _visibility_table(rows: Sequence[ResultRow]) -> list:
     for r in have:
         cells = []
         for g in groups:
-            v = r.eval["recall_by_visibility"][g]
+            v = r.eval.recall_by_visibility[g]
             cells.append("-" if v["recall"] is None else f"{v['recall']:.3f} of {v['gt']}")
         lines.append(f"| {r.method} | " + " | ".join(cells) + " |")
     lines += ["", "A row counts the agents of its own alliance: for an m1-only model (no fusion) what only an m3 "
@@ -150,7 +151,7 @@ def _visibility_table(rows: Sequence[ResultRow]) -> list:
 def _localisation_table(rows: Sequence[ResultRow]) -> list:
     """Box precision of the objects each method finds (opencood_ext.eval.localisation), when evaluated:
     what separates AP@0.7 from AP@0.5."""
-    have = [r for r in rows if r.eval.get("localisation")]
+    have = [r for r in rows if r.eval.localisation]
     if not have:
         return []
     lines = ["", "Box precision of the objects each method finds (best-IoU detection per test object, found = "
@@ -158,8 +159,8 @@ def _localisation_table(rows: Sequence[ResultRow]) -> list:
              "| method | found | mean IoU | share reaching IoU 0.7 | median centre error | median yaw error | "
              "share reaching 0.7, collaborator-only objects |", "|---|---|---|---|---|---|---|"]
     for r in have:
-        a = r.eval["localisation"]["all"]
-        c = r.eval["localisation"].get("collaborators_only", {})
+        a = r.eval.localisation["all"]
+        c = r.eval.localisation.get("collaborators_only", {})
         if not a["found"]:
             lines.append(f"| {r.method} | 0 of {a['gt']} | - | - | - | - | - |")
             continue
@@ -249,7 +250,8 @@ def seed_section(results: Results) -> list:
     folders = results.seed_archives
     if len(folders) < 2:
         return []
-    from .seeds import load_archives, seed_section as spread_section
+    from .archives import load_archives
+    from .seeds import seed_section as spread_section
     return spread_section(load_archives(folders))
 
 
@@ -288,11 +290,11 @@ def write_report(results: Results, out: Path) -> Path:
              "trainable params | training wall time | note |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ev, e = r.eval, r.ego_only or {}
-        solo = " / ".join(ap_cell(e, "global", t) for t in ("0.3", "0.5", "0.7")) if e.get("ap") else "-"
-        lines.append(f"| {r.method} | {ap_cell(ev, 'global', '0.3')} | {ap_cell(ev, 'global', '0.5')} | "
-                     f"{ap_cell(ev, 'global', '0.7')} | {ap_cell(ev, 'per_frame', '0.5')} / {ap_cell(ev, 'per_frame', '0.7')} | "
-                     f"{solo} | {fmt_bytes(ev['bytes_per_message'])} | "
+        ev, e = r.eval, r.ego_only
+        solo = " / ".join(e.cell(t) for t in ("0.3", "0.5", "0.7")) if e is not None and e.ap else "-"
+        lines.append(f"| {r.method} | {ev.cell('0.3')} | {ev.cell('0.5')} | "
+                     f"{ev.cell('0.7')} | {ev.cell('0.5', 'per_frame')} / {ev.cell('0.7', 'per_frame')} | "
+                     f"{solo} | {bytes_cell(ev.bytes_per_message)} | "
                      f"{r.trainable_params:,} | {r.train_wall_s:.0f} s | {_note(r)} |")
     lines += _interval_note(rows)
     lines += differences(rows)

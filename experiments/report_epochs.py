@@ -22,9 +22,10 @@ from opencood_ext.eval.bootstrap import PairedDifference, paired_difference
 from opencood_ext.eval.records import FrameRecords
 from opencood_ext.run_folder import RunFolder, dynamic_label, epoch_checkpoint, epoch_of_checkpoint, evaluation_label
 
+from .evaluation import Alliance
 from .profiles import CAMERA_TYPES
-from .report_cells import ap_cell, diff_text
 from .results import ResultRow, Results
+from .tables import diff_cell, threshold_index
 
 THRESHOLD = 0.5  # the IoU both sections report
 
@@ -37,14 +38,14 @@ def seed_runs(runs: Path, seed: int) -> Path:
 
 @dataclass
 class ScoredRun:
-    """One onboarding run with scored epochs. epochs: {n: eval_dynamic_epoch_<n>.json's entries};
-    selected: eval_dynamic.json's entries (the validation-selected weights, None when absent);
-    best_epoch: the epoch best.pth holds (onboarding.json; None when it does not say)."""
+    """One onboarding run with scored epochs. epochs: {n: eval_dynamic_epoch_<n>.json's alliances};
+    selected: eval_dynamic.json's (the validation-selected weights, None when absent); best_epoch: the
+    epoch best.pth holds (onboarding.json; None when it does not say); boot: the row's bootstrap settings."""
 
     method: str
     run: Path
-    epochs: Dict[int, List[dict]]
-    selected: Optional[List[dict]] = None
+    epochs: Dict[int, List[Alliance]]
+    selected: Optional[List[Alliance]] = None
     best_epoch: Optional[int] = None
     boot: dict = field(default_factory=dict)
 
@@ -52,11 +53,12 @@ class ScoredRun:
 def scored_run(method: str, run: Path, boot: Optional[dict] = None) -> Optional[ScoredRun]:
     """The run's scored epochs, or None when it has none."""
     folder = RunFolder(run)
-    epochs = {epoch_of_checkpoint(c): folder.read_evaluation(dynamic_label(c))
+    epochs = {epoch_of_checkpoint(c): [Alliance.from_run_json(e, c) for e in folder.read_evaluation(dynamic_label(c))]
               for c in folder.dynamic_checkpoints() if epoch_of_checkpoint(c) is not None}
     if not epochs:
         return None
-    selected = folder.read_evaluation(dynamic_label()) if folder.evaluation(dynamic_label()).is_file() else None
+    selected = ([Alliance.from_run_json(e) for e in folder.read_evaluation(dynamic_label())]
+                if folder.evaluation(dynamic_label()).is_file() else None)
     best = None
     if folder.onboarding_report.is_file():
         try:
@@ -84,7 +86,7 @@ def scored_runs_per_seed(rows: Sequence[ResultRow], runs: Path, seeds: Sequence[
                     run = seed_runs(runs, seed) / run.relative_to(base)
                 except ValueError:  # not in the main job's layout: only the first seed's folder is known
                     continue
-            scored = scored_run(r.method, run, (r.eval or {}).get("bootstrap")) if run.is_dir() else None
+            scored = scored_run(r.method, run, r.eval.bootstrap) if run.is_dir() else None
             if scored is not None:
                 found.append(scored)
         if found:
@@ -115,16 +117,12 @@ def camera_difference(s: ScoredRun, alliance: List[str], before: List[str],
                              s.boot.get("seed", 0))
 
 
-def _k(d: PairedDifference) -> int:
-    return next(k for k, t in enumerate(d.thresholds) if round(float(t), 2) == THRESHOLD)
+def _full_ap(entries: Optional[List[Alliance]]) -> str:
+    return entries[-1].eval.cell(f"{THRESHOLD}") if entries else "-"
 
 
-def _full_ap(entries: Optional[List[dict]]) -> str:
-    return ap_cell(entries[-1], "global", f"{THRESHOLD}") if entries else "-"
-
-
-def _ap(entries: List[dict]) -> float:
-    return float(entries[-1]["ap"]["global"][f"{THRESHOLD}"])
+def _ap(entries: List[Alliance]) -> float:
+    return float(entries[-1].eval.ap_at(f"{THRESHOLD}"))
 
 
 def _seed_title(seed: int, per_seed: dict) -> List[str]:
@@ -134,7 +132,7 @@ def _seed_title(seed: int, per_seed: dict) -> List[str]:
 def ap_per_epoch_lines(per_seed: Dict[int, List[ScoredRun]]) -> List[str]:
     """The "AP per onboarding epoch" section."""
     any_run = next(iter(per_seed.values()))[0]
-    types = any_run.epochs[max(any_run.epochs)][-1]["types"]
+    types = any_run.epochs[max(any_run.epochs)][-1].types
     lines = ["", "## AP per onboarding epoch", "",
              f"AP@{THRESHOLD} (global order, 95% scene-bootstrap interval) of the full alliance "
              f"{{{', '.join(types)}}} with the weights of every kept onboarding epoch, on the test set "
@@ -172,16 +170,16 @@ def _diff_cell(s: ScoredRun, alliance, before, checkpoint) -> Tuple[str, Optiona
         return f"not paired: {exc}", None
     if d is None:
         return "-", None
-    k = _k(d)
+    k = threshold_index(d.thresholds, f"{THRESHOLD}")
     sig = bool(d.significant("global")[k])
     diff = float(d.diff["global"][k])
-    return diff_text(diff, float(d.lo["global"][k]), float(d.hi["global"][k]), sig), (diff, sig)
+    return diff_cell(diff, float(d.lo["global"][k]), float(d.hi["global"][k]), sig), (diff, sig)
 
 
 def camera_lines(per_seed: Dict[int, List[ScoredRun]]) -> List[str]:
     """The "What the camera adds" section ([] when the alliance has no camera type joining)."""
     any_run = next(iter(per_seed.values()))[0]
-    steps = camera_steps(any_run.epochs[max(any_run.epochs)][-1]["types"])
+    steps = camera_steps(any_run.epochs[max(any_run.epochs)][-1].types)
     if not steps:
         return []
     lines = ["", "## What the camera adds", "",

@@ -18,39 +18,41 @@ from opencood_ext.eval.bootstrap import paired_difference  # noqa: E402
 from opencood_ext.eval.records import FrameRecords  # noqa: E402
 from opencood_ext.run_folder import RunFolder, evaluation_label  # noqa: E402
 
-from .report_cells import ap_cell, diff_cell, differences, fmt_bytes  # noqa: E402
+from .evaluation import Evaluation  # noqa: E402
+from .report_cells import difference_cell, differences  # noqa: E402
 from .results import ResultRow  # noqa: E402
+from .tables import bytes_cell, short_name, table  # noqa: E402
 
 
 TYPE_NAMES = {"m1": "PointPillars 64-beam", "m2": "LSS camera", "m3": "SECOND 32-beam",
               "m4": "LSS camera with a wider image backbone"}
 
 
-def _cell(d: dict, thr: str) -> str:
-    return ap_cell(d, "global", thr)
+def _cells(ev: Evaluation) -> str:
+    return f"{ev.cell('0.5')} / {ev.cell('0.7')}"
 
 
 def _costs(r: ResultRow) -> tuple:
-    """(params per new type, GFLOPs per new type) text from the row's dynamic entries."""
-    new = [d for d in (r.dynamic or [])[1:] if d.get("onboard_params") is not None]
+    """(params per new type, GFLOPs per new type) text from the row's growing-alliance entries."""
+    new = [a for a in (r.alliances or [])[1:] if a.onboard_params is not None]
     if not new:
         return "-", "-"
-    params = ", ".join(f"{d['types'][-1]} {d['onboard_params']:,}" for d in new)
-    gflops = ", ".join(f"{d['types'][-1]} {d['onboard_gflops']:.2f}" for d in new if d.get("onboard_gflops") is not None)
+    params = ", ".join(f"{a.types[-1]} {a.onboard_params:,}" for a in new)
+    gflops = ", ".join(f"{a.types[-1]} {a.onboard_gflops:.2f}" for a in new if a.onboard_gflops is not None)
     return params, gflops or "-"
 
 
 def plot_costs(rows: List[ResultRow], path: Path) -> Path:
     """AP@0.5 / AP@0.7 of the full alliance against trainable parameters and against bytes per message."""
-    types = rows[0].dynamic[-1]["types"]
+    types = rows[0].alliances[-1].types
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
     for k, r in enumerate(rows):
         ev = r.eval
-        xs = (max(r.trainable_params, 1), max(ev["bytes_per_message"], 1.0))
+        xs = (max(r.trainable_params, 1), max(ev.bytes_per_message, 1.0))
         for ax, x in zip(axes, xs):
             for thr, marker in (("0.5", "o"), ("0.7", "s")):
-                ax.scatter(math.log10(x), ev["ap"]["global"][thr], marker=marker, s=55, color=f"C{k % 10}")
-            ax.annotate(r.method.split(" (")[0], (math.log10(x), ev["ap"]["global"]["0.5"]),
+                ax.scatter(math.log10(x), ev.ap_at(thr), marker=marker, s=55, color=f"C{k % 10}")
+            ax.annotate(short_name(r.method), (math.log10(x), ev.ap_at("0.5")),
                         textcoords="offset points", xytext=(4, 4), fontsize=7)
     axes[0].set_xlabel(f"log10(trainable parameters to onboard {', '.join(types[1:])})  (0 = none trained)")
     axes[1].set_xlabel("log10(bytes one collaborator sends per frame)")
@@ -83,13 +85,11 @@ def _increment(r: ResultRow, types: List[str]) -> str:
     paths = [RunFolder(run).frames(evaluation_label(alliance=t)) for t in (types, types[:-1])] if run else []
     if not paths or not all(p.is_file() for p in paths):
         return "-"
-    boot = r.eval.get("bootstrap") or {}
     try:
-        d = paired_difference(*(FrameRecords.load(p) for p in paths), boot.get("resamples", 1000),
-                              boot.get("seed", 0))
+        d = paired_difference(*(FrameRecords.load(p) for p in paths), r.eval.resamples, r.eval.seed)
     except ValueError as exc:  # the two alliances were evaluated on different frames
         return f"not paired: {exc}"
-    return " / ".join(diff_cell(d, k) for k, t in enumerate(d.thresholds) if round(float(t), 2) in (0.5, 0.7))
+    return " / ".join(difference_cell(d, k) for k, t in enumerate(d.thresholds) if round(float(t), 2) in (0.5, 0.7))
 
 
 def increments_section(rows: List[ResultRow], types: List[str]) -> List[str]:
@@ -98,12 +98,9 @@ def increments_section(rows: List[ResultRow], types: List[str]) -> List[str]:
     lines = ["", "## What each new type adds", "",
              "AP@0.5 / AP@0.7 of the grown alliance minus the alliance before it: the same run on the same "
              "test frames, so the 95% interval is paired (whole test scenes resampled with the same draws). "
-             "**Bold**: the interval excludes 0.", "",
-             "| method | " + " | ".join(f"+{t}" for t in types[1:]) + " |", "|---|" + "---|" * (len(types) - 1)]
-    for r in rows:
-        lines.append(f"| {r.method} | " + " | ".join(_increment(r, types[:k + 1])
-                                                      for k in range(1, len(types))) + " |")
-    return lines
+             "**Bold**: the interval excludes 0.", ""]
+    return lines + table(["method", *(f"+{t}" for t in types[1:])],
+                         [[r.method, *(_increment(r, types[:k + 1]) for k in range(1, len(types)))] for r in rows])
 
 
 def hetero_section(rows: List[ResultRow], out: Path) -> List[str]:
@@ -111,28 +108,25 @@ def hetero_section(rows: List[ResultRow], out: Path) -> List[str]:
     rows = [r for r in rows if r.table == "heterogeneous"]
     if not rows:
         return []
-    types = [d["types"][-1] for d in rows[0].dynamic]
+    types = [a.types[-1] for a in rows[0].alliances]
     lines = [f"## Heterogeneous benchmark: {', '.join(types[1:])} join{'s' if len(types) == 2 else ''} "
              f"{types[0]}'s alliance", "",
              _origin(rows) + f" The ego alliance ({types[0]}'s stack, fusion and head) stays frozen. "
              + ", ".join(f"{t} {TYPE_NAMES.get(t, '')}".rstrip() for t in types) + " (the first is the ego). "
-             "AP@0.5 / AP@0.7 (global order) with 95% scene-bootstrap intervals as the alliance grows:", "",
-             "| method | " + " | ".join(("{" + types[0] + "}") if i == 0 else "+" + t for i, t in enumerate(types)) + " |",
-             "|---|" + "---|" * len(types)]
-    for r in rows:
-        cells = [f"{_cell(d, '0.5')} / {_cell(d, '0.7')}" for d in r.dynamic]
-        lines.append(f"| {r.method} | " + " | ".join(cells) + " |")
-    lines += ["", f"The full alliance, and what onboarding {', '.join(types[1:])} cost:", "",
-              "| method | AP@0.3 | AP@0.5 | AP@0.7 | AP@0.5 / 0.7 (per-frame order) | trainable params (total) | "
-              "per new type | GFLOPs per new type and frame | onboarding wall time | bytes per message |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+             "AP@0.5 / AP@0.7 (global order) with 95% scene-bootstrap intervals as the alliance grows:", ""]
+    lines += table(["method", *(("{" + types[0] + "}") if i == 0 else "+" + t for i, t in enumerate(types))],
+                   [[r.method, *(_cells(a.eval) for a in r.alliances)] for r in rows])
+    lines += ["", f"The full alliance, and what onboarding {', '.join(types[1:])} cost:", ""]
+    full = []
     for r in rows:
         ev = r.eval
         params, gflops = _costs(r)
-        lines.append(f"| {r.method} | {ap_cell(ev, 'global', '0.3')} | {ap_cell(ev, 'global', '0.5')} | "
-                     f"{ap_cell(ev, 'global', '0.7')} | {ap_cell(ev, 'per_frame', '0.5')} / {ap_cell(ev, 'per_frame', '0.7')} | "
-                     f"{r.trainable_params:,} | {params} | {gflops} | {r.train_wall_s:.0f} s | "
-                     f"{fmt_bytes(ev['bytes_per_message'])} |")
+        full.append([r.method, ev.cell("0.3"), ev.cell("0.5"), ev.cell("0.7"),
+                     f"{ev.cell('0.5', 'per_frame')} / {ev.cell('0.7', 'per_frame')}", f"{r.trainable_params:,}",
+                     params, gflops, f"{r.train_wall_s:.0f} s", bytes_cell(ev.bytes_per_message)])
+    lines += table(["method", "AP@0.3", "AP@0.5", "AP@0.7", "AP@0.5 / 0.7 (per-frame order)",
+                    "trainable params (total)", "per new type", "GFLOPs per new type and frame", "onboarding wall time",
+                    "bytes per message"], full)
     lines += ["", "GFLOPs count what trains for a new type on one frame (the deformable convolution included); "
               "parameters per new type are those its onboarding trains (CodeFilling's quantiser is shared by all "
               "senders, so its total counts it once)."]

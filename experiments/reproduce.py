@@ -45,7 +45,7 @@ from typing import List, Optional, Sequence
 from .pipeline import Steps, found_finished, one_seed, simulate, simulate_test_set
 from .profiles import PROFILES
 from .report_epochs import seed_runs
-from .report_family import compute_family_figures
+from .family_figures import compute_family_figures
 from .results import Results, ResultsError
 from .steps import StepError
 
@@ -57,7 +57,7 @@ def seed_archives(out: Path, profile_name: str, data_seed: int, like: Optional[P
     """The seed archives in ``out/seeds`` of this experiment (same profile and data seed and, when
     ``like`` names an archive, the same test frames as it), by seed; archives of another experiment
     (e.g. evaluated on an earlier test split) are left out with a warning."""
-    from .seeds import load_archive
+    from .archives import load_archive
     frames = None if like is None else load_archive(like).test_frames()
     keep = []
     for folder in sorted((out / "seeds").glob("seed*")):
@@ -138,7 +138,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     steps.run("simulate", simulate, data, profile, seed)
     test_root = steps.run("simulate the test set", simulate_test_set, data, profile, seed)
     per_seed = {}
-    from .seeds import archive_seed, git_commit, load_archives, spread_json
+    from .archives import archive_seed, git_commit, load_archives
+    from .seeds import spread_json
     commit = git_commit(SOURCE)
     for k, s in enumerate(seeds):
         # seed 0's runs in runs/, another seed's in runs/seed<s> (so adding a seed later never resumes seed 0's)

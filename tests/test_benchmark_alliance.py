@@ -8,6 +8,7 @@ import pytest
 
 import gencomm  # noqa: F401  (registers GenComm's link and onboarding)
 from experiments.benchmark import METHODS, run_benchmark, stage2_config
+from experiments.evaluation import Alliance, Evaluation
 from experiments.results import ResultRow
 from opencood_ext.config_files import configs_root
 from opencood_ext.experiment import load_experiment
@@ -61,9 +62,11 @@ def test_report_names_the_alliance_that_ran(tmp_path):
     from experiments.report_hetero import hetero_section
     ev = {"ap": {"global": {"0.3": 0.8, "0.5": 0.7, "0.7": 0.3}, "per_frame": {"0.3": 0.8, "0.5": 0.7, "0.7": 0.3}},
           "bytes_per_message": 100.0}
-    rows = [ResultRow(method=name, table="heterogeneous", eval=ev, trainable_params=p, train_wall_s=1.0,
-                      dynamic=[dict(ev, types=["m1"]),
-                               dict(ev, types=["m1", "m3"], onboard_params=p, onboard_gflops=1.0)])
+    rows = [ResultRow(name.split()[0].lower(), name, Evaluation.from_run_json(ev), table="heterogeneous",
+                      trainable_params=p, train_wall_s=1.0,
+                      alliances=[Alliance.from_run_json(dict(ev, types=["m1"])),
+                                 Alliance.from_run_json(dict(ev, types=["m1", "m3"], onboard_params=p,
+                                                             onboard_gflops=1.0))])
             for name, p in (("GenComm (m3 onboarded)", 100), ("STAMP (m3 onboarded)", 1000))]
     text = "\n".join(hetero_section(rows, tmp_path))
     assert "## Heterogeneous benchmark: m3 joins m1's alliance" in text
@@ -166,9 +169,11 @@ def test_report_says_which_stage1_the_competitors_started_from(tmp_path):
           "bytes_per_message": 100.0}
 
     def rows(origin):
-        return [ResultRow(method=name, table="heterogeneous", eval=ev, trainable_params=1, train_wall_s=1.0, stage1=o,
-                          dynamic=[dict(ev, types=["m1"]), dict(ev, types=["m1", "m3"], onboard_params=1,
-                                                                onboard_gflops=1.0)])
+        return [ResultRow(name.split()[0].lower(), name, Evaluation.from_run_json(ev), table="heterogeneous",
+                          trainable_params=1, train_wall_s=1.0, stage1=o,
+                          alliances=[Alliance.from_run_json(dict(ev, types=["m1"])),
+                                     Alliance.from_run_json(dict(ev, types=["m1", "m3"], onboard_params=1,
+                                                                 onboard_gflops=1.0))])
                 for name, o in (("GenComm (m3 onboarded)", "gencomm"), ("STAMP (m3 onboarded)", origin))]
     assert "the other methods start from homogeneous full-feature" in "\n".join(
         hetero_section(rows("full_feature"), tmp_path))

@@ -118,11 +118,12 @@ def _report_results(rows):
 def test_report_shows_intervals_and_paired_differences_vs_gencomm(evaluated, tmp_path):
     out = evaluated[0]
     load = lambda label: json.loads((out / f"eval_{label}.json").read_text())  # noqa: E731
-    row = lambda method, label: {"method": method, "eval": load(label), "train_wall_s": 1,  # noqa: E731
-                                 "trainable_params": 1, "note": ""}
+    row = lambda method_id, method, label: {"method_id": method_id, "method": method,  # noqa: E731
+                                            "eval": load(label), "train_wall_s": 1, "trainable_params": 1, "note": ""}
     old = {"ap": {o: {"0.3": 0.5, "0.5": 0.4, "0.7": 0.2} for o in ("global", "per_frame")}, "bytes_per_message": 0}
-    rows = [row("Half detections", "half"), row("GenComm (m3 onboarded)", "full"), row("Same as GenComm", "again"),
-            {"method": "Old row", "eval": old, "train_wall_s": 1, "trainable_params": 1, "note": ""}]
+    rows = [row("half", "Half detections", "half"), row("gencomm", "GenComm (m3 onboarded)", "full"),
+            row("same", "Same as GenComm", "again"),
+            {"method_id": "old", "method": "Old row", "eval": old, "train_wall_s": 1, "trainable_params": 1, "note": ""}]
     report = write_report(_report_results(rows), tmp_path).read_text()
     half = load("half")
     cells = [c.strip() for c in next(ln for ln in report.splitlines()

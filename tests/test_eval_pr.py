@@ -66,9 +66,9 @@ def test_pr_curves_written_next_to_the_eval_json_and_in_the_report(tmp_path):
     np.testing.assert_array_equal(p, np.where(r <= high + 1e-9, 1.0, round(n_gt / (n_gt + 3), 4)))
     assert res.ap["global"][0.5] == pytest.approx(high + (1 - high) * n_gt / (n_gt + 3))
 
-    rows = [{"method": "Known detections", "eval": json.loads((tmp_path / "eval_known.json").read_text()),
+    rows = [{"method_id": "known", "method": "Known detections", "eval": json.loads((tmp_path / "eval_known.json").read_text()),
              "train_wall_s": 1, "trainable_params": 1, "note": ""},
-            {"method": "Old row without curves", "eval": {"ap": {"global": {"0.3": 0.1, "0.5": 0.1, "0.7": 0.1},
+            {"method_id": "old", "method": "Old row without curves", "eval": {"ap": {"global": {"0.3": 0.1, "0.5": 0.1, "0.7": 0.1},
                                                                  "per_frame": {"0.3": 0.1, "0.5": 0.1, "0.7": 0.1}},
                                                           "bytes_per_message": 0},
              "train_wall_s": 1, "trainable_params": 1, "note": ""}]

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from experiments.archives import archive_seed, load_archive
+from experiments.evaluation import Alliance, Evaluation
 from experiments.fair import main, write_fair_benchmark
+from experiments.method_ids import legacy_method_id
 from experiments.results import ResultRow
-from experiments.seeds import archive_seed, load_archive
 from opencood_ext.run_folder import RunFolder, evaluation_label
 from test_fair_benchmark_slow import check_fair_archive
 from test_seeds import SCENES, _records
@@ -38,9 +40,9 @@ def _rows(tmp, seed, protocol, shift=0):
         h = h + (shift if m.startswith("GenComm") else 0)
         on = _records(set(range(h))).save(tmp / f"{protocol}{seed}_{m[:4]}.npz")
         off = on if m == "No fusion" else _records(set(range(h - 1))).save(tmp / f"{protocol}{seed}_{m[:4]}_off.npz")
-        rows.append(ResultRow(method=m, eval={"ap": _ap(h), "frames_file": str(on)}, train_wall_s=10.0,
-                              trainable_params=100, ego_only={"ap": _ap(h if m == "No fusion" else h - 1),
-                                                              "frames_file": str(off)},
+        rows.append(ResultRow(legacy_method_id(m, "main"), m, Evaluation(_ap(h), records=str(on)), train_wall_s=10.0,
+                              trainable_params=100,
+                              ego_only=Evaluation(_ap(h if m == "No fusion" else h - 1), records=str(off)),
                               protocol=protocol, training_seed=seed, optimizer_steps=576))
     for m, hits in BENCH.items():
         run = tmp / f"{protocol}{seed}_{m[:5]}"
@@ -50,11 +52,12 @@ def _rows(tmp, seed, protocol, shift=0):
             h = hits[k] + (shift if m.startswith("GenComm") else 0)
             if not m.startswith("No fusion") or k == 0:  # no fusion is evaluated once, for {m1}
                 _records(set(range(h))).save(RunFolder(run).frames(evaluation_label(alliance=types)))
-            dynamic.append({"types": types, "ap": _ap(h)})
-        rows.append(ResultRow(method=m, table="heterogeneous", run=str(run), eval=dynamic[-1], dynamic=dynamic,
-                              train_wall_s=5.0, trainable_params=10, protocol=protocol, training_seed=seed,
-                              optimizer_steps=0 if m.startswith("No fusion") else 288,
-                              onboard_method=None if m.startswith("No fusion") else m.split()[0].lower()))
+            dynamic.append(Alliance.from_run_json({"types": types, "ap": _ap(h)}))
+        onboard = None if m.startswith("No fusion") else m.split()[0].lower()
+        rows.append(ResultRow(legacy_method_id(m, "heterogeneous", onboard), m, dynamic[-1].eval, table="heterogeneous",
+                              run=str(run), alliances=dynamic, train_wall_s=5.0, trainable_params=10, protocol=protocol,
+                              training_seed=seed, optimizer_steps=0 if m.startswith("No fusion") else 288,
+                              onboard_method=onboard))
     return rows
 
 
@@ -178,13 +181,14 @@ def test_fair_benchmark_figure_draws_the_reports_values(tmp_path):
     assert (eq.protocol, eq.seeds, ref.protocol, ref.seeds) == ("equalized", [0, 1, 2], "reference", [0])
     (main_title, main), (bench_title, bench) = seed_points(eq)
     assert main_title.startswith("main table") and bench_title == "benchmark: full alliance m1+m3"
+    main, bench = {r.method_id: r for r in main}, {r.method_id: r for r in bench}
     # GenComm's hits move with the seed (shift = seed - 1): 5, 6, 7 of 10 scenes; no fusion 4 in each
-    assert dict(main)["GenComm (m3 onboarded)"] == pytest.approx([0.5, 0.6, 0.7])
-    assert dict(main)["No fusion"] == pytest.approx([0.4, 0.4, 0.4])
-    assert [m for m, _ in main] == list(MAIN) and [m for m, _ in bench] == list(BENCH)
-    assert dict(bench)["GenComm (m3 onboarded)"] == pytest.approx([0.6, 0.7, 0.8])
-    assert dict(bench)["BackAlign (m3 onboarded)"] == pytest.approx([0.5, 0.5, 0.5])
-    assert dict(seed_points(ref)[0][1])["Late fusion"] == pytest.approx([0.8])
+    assert main["gencomm"].aps == pytest.approx([0.5, 0.6, 0.7])
+    assert main["no_fusion"].aps == pytest.approx([0.4, 0.4, 0.4])
+    assert [r.method for r in main.values()] == list(MAIN) and [r.method for r in bench.values()] == list(BENCH)
+    assert bench["gencomm"].aps == pytest.approx([0.6, 0.7, 0.8])
+    assert bench["backalign"].aps == pytest.approx([0.5, 0.5, 0.5])
+    assert {r.method_id: r.aps for r in seed_points(ref)[0][1]}["late"] == pytest.approx([0.8])
 
 
 def test_the_committed_fair_archive_holds_what_issue_31_asks():

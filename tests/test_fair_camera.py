@@ -7,9 +7,11 @@ import json
 
 import pytest
 
+from experiments.archives import archive_seed, load_archive
+from experiments.evaluation import Alliance, Evaluation
 from experiments.fair import write_fair_benchmark
+from experiments.method_ids import legacy_method_id
 from experiments.results import ResultRow
-from experiments.seeds import archive_seed, load_archive
 from opencood_ext.run_folder import RunFolder, dynamic_label, epoch_checkpoint, evaluation_label
 from test_seeds import SCENES, _records
 
@@ -38,22 +40,21 @@ def _table(run, hits, checkpoint=None):
 
 def _rows(tmp, seed):
     on = _records(set(range(4))).save(tmp / f"main{seed}.npz")
-    rows = [ResultRow(method="No fusion", eval={"ap": _ap(4), "frames_file": str(on)},
-                      ego_only={"ap": _ap(4), "frames_file": str(on)}, train_wall_s=10.0, trainable_params=100,
-                      protocol="equalized", training_seed=seed,
-                      optimizer_steps=576)]
+    rows = [ResultRow("no_fusion", "No fusion", Evaluation(_ap(4), records=str(on)),
+                      ego_only=Evaluation(_ap(4), records=str(on)), train_wall_s=10.0, trainable_params=100,
+                      protocol="equalized", training_seed=seed, optimizer_steps=576)]
     for m, hits in SELECTED.items():
         run = tmp / f"seed{seed}_{m.split()[0]}"
         run.mkdir()
-        dynamic = _table(run, hits)
+        dynamic = [Alliance.from_run_json(e) for e in _table(run, hits)]
         onboard = None if m.startswith("No fusion") else m.split()[0].lower()
         if onboard == "gencomm":  # the job scored this onboarding's every kept epoch
             for n, epoch_hits in GENCOMM_EPOCHS.items():
                 _table(run, epoch_hits, epoch_checkpoint(n))
             RunFolder(run).onboarding_report.write_text(json.dumps({"best_epoch": BEST_EPOCH}))
-        rows.append(ResultRow(method=m, table="heterogeneous", run=str(run), eval=dynamic[-1], dynamic=dynamic,
-                              train_wall_s=5.0, trainable_params=10, protocol="equalized", training_seed=seed,
-                              optimizer_steps=0 if onboard is None else 288,
+        rows.append(ResultRow(legacy_method_id(m, "heterogeneous", onboard), m, dynamic[-1].eval, table="heterogeneous",
+                              run=str(run), alliances=dynamic, train_wall_s=5.0, trainable_params=10,
+                              protocol="equalized", training_seed=seed, optimizer_steps=0 if onboard is None else 288,
                               onboard_method=onboard))
     return rows
 
@@ -66,14 +67,14 @@ def _archives(tmp):
 def test_archive_keeps_scored_epochs(tmp_path):
     folder = _archives(tmp_path)[0]
     a = load_archive(folder)
-    gen, back = a.bench_row("GenComm (m2 onboarded)"), a.bench_row("BackAlign (m2 onboarded)")
+    gen, back = a.bench_row("gencomm"), a.bench_row("backalign")
     assert sorted(gen.epochs) == [1, 2, 3] and gen.best_epoch == BEST_EPOCH
     assert back.epochs == {} and back.best_epoch is None  # not scored: nothing claimed
     for n, hits in GENCOMM_EPOCHS.items():
         for types, h in zip(TYPES, hits):
             ev = gen.alliance(types, n).eval
             assert ev.ap["global"]["0.5"] == pytest.approx(h / SCENES)
-            assert a.load(ev).scene_ids is not None and (folder / ev.frames).is_file()
+            assert a.load(ev).scene_ids is not None and (folder / ev.records).is_file()
     assert gen.alliance(["m1", "m2"], 4) is None
     # the records of epoch 3's {m1, m2} are epoch 3's, not the selected weights'
     assert a.load(gen.alliance(["m1", "m2"], 3).eval).tp[0].sum() == 6 * 2
@@ -111,9 +112,9 @@ def test_bad_epochs_field_names_the_file(tmp_path):
     gen = next(b for b in doc["benchmark"] if b["method"].startswith("GenComm"))
     gen["epochs"]["last"] = gen["epochs"].pop("2")
     (folder / "rows.json").write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match=r"seed0/rows.json: field benchmark\[\d\]\.epochs has key 'last'"):
+    with pytest.raises(ValueError, match=r"seed0/rows.json: key 'benchmark\.\d\.epochs': has key 'last'"):
         load_archive(folder)
     gen["epochs"] = {"2": []}
     (folder / "rows.json").write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match=r"rows.json: field benchmark\[\d\]\.epochs\.2 is empty"):
+    with pytest.raises(ValueError, match=r"rows.json: key 'benchmark\.\d\.epochs\.2': is empty"):
         load_archive(folder)

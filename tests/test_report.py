@@ -1,6 +1,7 @@
 """REPORT.md from a results.json: every row, the paired 'collaborators off' column, the plot."""
 import pytest
 
+from experiments.evaluation import Evaluation
 from experiments.report import write_report
 from experiments.results import ResultRow, Results, ResultsError
 
@@ -25,7 +26,7 @@ def test_report_lists_rows_and_ego_only_column(tmp_path):
             "collaborators_only": {"gt": 4, "found": 1, "mean_iou": 0.75, "share_iou_0.7": 1.0}}),
          "ego_only": _eval(0.4, 0),
          "train_wall_s": 5, "trainable_params": 103156, "note": "stage 2 only", "run": str(run)},
-        {"method": "Old run without the paired column", "eval": _eval(0.55, 10),
+        {"method_id": "old_run", "method": "Old run without the paired column", "eval": _eval(0.55, 10),
          "train_wall_s": 5, "trainable_params": 1, "note": ""},
     ]
     results = {"profile": "default", "seed": 0, "data": "data/sim", "rows": rows, "total_wall_s": 120,
@@ -63,7 +64,7 @@ def _hetero_row(name, ap5, params, nbytes):
 
 def test_report_heterogeneous_section_seed_spread_and_step_times(tmp_path):
     from test_seeds import HITS, _rows
-    from experiments.seeds import archive_seed
+    from experiments.archives import archive_seed
     main = {"method": "No fusion", "table": "main", "eval": _eval(0.5, 0), "train_wall_s": 1, "trainable_params": 1,
             "note": ""}
     hetero = [_hetero_row("GenComm", 0.6, 309468, 25804), _hetero_row("STAMP", 0.55, 756096, 3277004)]
@@ -135,7 +136,7 @@ def test_cost_table_groups_every_step_by_kind():
     chosen = {"choice": "float32", "reason": "this CPU has no bf16 instructions", "cpu_bf16": False}
     text = "\n".join(steps_section(Results.from_dict({**doc, "precision": chosen})))
     assert "Precision: float32 (this CPU has no bf16 instructions)." in text
-    with pytest.raises(ResultsError, match="field precision"):
+    with pytest.raises(ResultsError, match="key 'precision': expected a mapping"):
         Results.from_dict({**doc, "precision": "bf16"})
 
 
@@ -151,8 +152,9 @@ def test_report_says_what_each_new_type_adds_paired_on_the_same_run(tmp_path):
         _records(after).save(run / "eval_dyn_m1+m2_frames.npz")
     alone.mkdir()
     _records({1}).save(alone / "eval_dyn_m1_frames.npz")  # no fusion: one evaluation for every alliance
-    rows = [ResultRow(method=name, run=str(run), eval={"bootstrap": {"resamples": 200, "seed": 1}}, train_wall_s=0,
-                      trainable_params=0) for name, run in (("GenComm", helps), ("STAMP", idle), ("No fusion", alone))]
+    boot = Evaluation({}, details={"bootstrap": {"resamples": 200, "seed": 1}})
+    rows = [ResultRow(name.lower(), name, boot, run=str(run), train_wall_s=0, trainable_params=0)
+            for name, run in (("GenComm", helps), ("STAMP", idle), ("No fusion", alone))]
     text = "\n".join(increments_section(rows, ["m1", "m2"]))
     assert "| method | +m2 |" in text
     assert "| GenComm | **+1.000 [+1.00, +1.00]** / **+1.000 [+1.00, +1.00]** |" in text
@@ -171,6 +173,6 @@ def test_increment_of_alliances_on_different_frames_says_so(tmp_path):
     keep = full.offsets[:3]  # the first two frames only
     FrameRecords(full.thresholds, full.scores[:keep[-1]], full.tp[:, :keep[-1]], keep, full.num_gt[:2],
                  full.scenes[:2], full.frames[:2]).save(run / "eval_dyn_m1+m2_frames.npz")
-    row = ResultRow(method="GenComm", run=str(run), eval={}, train_wall_s=0, trainable_params=0)
+    row = ResultRow("gencomm", "GenComm", Evaluation({}), run=str(run), train_wall_s=0, trainable_params=0)
     text = "\n".join(increments_section([row], ["m1", "m2"]))
     assert "| GenComm | not paired: " in text

@@ -1,4 +1,5 @@
-"""REPORT.md's "AP per scene family" section and results.json's scene_families (experiments.report_family):
+"""REPORT.md's "AP per scene family" section (experiments.report_family) and results.json's scene_families
+(experiments.family_figures):
 fake per-frame records whose AP is known in closed form (a hit scene detects its one car exactly in every
 frame, a miss scene detects nothing: AP = hit scenes / scenes at every IoU) on a tiny fake test root whose
 data_protocol.yaml files name each scene's family."""
@@ -7,8 +8,11 @@ import json
 import numpy as np
 import pytest
 
+from experiments.evaluation import Alliance, Evaluation
+from experiments.family_figures import FAMILY_POOL, FamilyFigure, FamilyRow, compute_family_figures, family_figures
+from experiments.method_ids import legacy_method_id
 from experiments.report import write_report
-from experiments.report_family import compute_family_figures, family_figures, family_section
+from experiments.report_family import family_section
 from experiments.results import ResultRow, Results, ResultsError
 from opencood_ext.eval.bootstrap import bootstrap_ap
 from opencood_ext.eval.records import FrameRecords
@@ -53,8 +57,10 @@ def _row(tmp_path, k, method, hits, table):
     ap = {str(t): float(v) for t, v in zip(boot.thresholds, boot.ap["global"])}
     ev = {"ap": {"global": ap, "per_frame": ap}, "ap_ci": boot.ci_json(), "bootstrap": BOOT, "num_scenes": SCENES,
           "frames_file": str(path), "bytes_per_message": 0}
-    dynamic = [{"types": ["m1", "m2", "m3", "m4"][:k], **ev} for k in (1, 4)] if table == "heterogeneous" else None
-    return ResultRow(method=method, eval=ev, train_wall_s=0.0, trainable_params=0, table=table, dynamic=dynamic)
+    dynamic = [Alliance.from_run_json({"types": ["m1", "m2", "m3", "m4"][:k], **ev}) for k in (1, 4)] \
+        if table == "heterogeneous" else None
+    return ResultRow(legacy_method_id(method, table), method, Evaluation.from_run_json(ev), train_wall_s=0.0,
+                     trainable_params=0, table=table, alliances=dynamic)
 
 
 def _rows(tmp_path):
@@ -71,30 +77,30 @@ def _results(tmp_path, rows, test_root, **extra):
 def test_figures_per_family_pool_equals_the_rows_own_ap_and_pairing_per_family(tmp_path):
     rows, root = _rows(tmp_path), _test_root(tmp_path)
     fig = family_figures(rows, root)
-    assert fig["families"] == {"junction": 5, "road": 5} and fig["test_data"] == str(root)
-    by = {e["method"]: e for e in fig["rows"]}
-    assert [e["table"] for e in fig["rows"]] == ["main"] * 4 + ["heterogeneous"] * 2
-    for e, r in zip(fig["rows"], rows):
-        hits = (MAIN | BENCH)[e["method"]]
-        pool = e["families"]["pool"]
-        assert pool["ap"] == r.eval["ap"]["global"] and pool["ap_ci"] == r.eval["ap_ci"]["global"]  # all frames
-        assert pool["frames"] == SCENES * FRAMES and pool["scenes"] == SCENES
+    assert fig.families == {"junction": 5, "road": 5} and fig.test_data == str(root)
+    by = {(e.table, e.method_id): e for e in fig.rows}
+    assert [e.table for e in fig.rows] == ["main"] * 4 + ["heterogeneous"] * 2
+    for e, r in zip(fig.rows, rows):
+        hits = (MAIN | BENCH)[e.method]
+        pool = e.families["pool"]
+        assert pool.ap == r.eval.ap["global"] and pool.ap_ci == r.eval.ap_ci["global"]  # all frames
+        assert pool.frames == SCENES * FRAMES and pool.scenes == SCENES
         for fam, scenes in (("junction", JUNCTION), ("road", ROAD)):
-            part = e["families"][fam]
-            assert part["scenes"] == 5 and part["frames"] == 5 * FRAMES
-            assert part["ap"]["0.5"] == pytest.approx(len(hits & set(scenes)) / 5)
-            lo, hi = part["ap_ci"]["0.7"]
-            assert lo <= part["ap"]["0.7"] <= hi
+            part = e.families[fam]
+            assert part.scenes == 5 and part.frames == 5 * FRAMES
+            assert part.ap["0.5"] == pytest.approx(len(hits & set(scenes)) / 5)
+            lo, hi = part.ap_ci["0.7"]
+            assert lo <= part.ap["0.7"] <= hi
     # paired against its own table's GenComm row, per family: the difference is the hit-scene difference / 5
-    inter = by["Intermediate (full feature)"]
-    assert inter["reference"] == "GenComm (m3 onboarded)" and "reference" not in by["GenComm (m3 onboarded)"]
-    assert inter["families"]["junction"]["vs_reference"]["0.5"]["diff"] == pytest.approx(-0.2)
-    assert inter["families"]["road"]["vs_reference"]["0.5"]["diff"] == pytest.approx(+0.2)
-    assert inter["families"]["pool"]["vs_reference"]["0.5"]["diff"] == pytest.approx(0.0)
-    late_b = by["Late fusion (stage-1 models)"]
-    assert late_b["reference"] == "GenComm (m2, m3, m4 onboarded)"
-    road = late_b["families"]["road"]["vs_reference"]["0.5"]  # 0 of 5 vs 5 of 5 road scenes, whatever the draw
-    assert road["diff"] == pytest.approx(-1.0) and road["ci"] == [-1.0, -1.0] and road["significant"]
+    inter = by["main", "intermediate"]
+    assert inter.reference == "GenComm (m3 onboarded)" and by["main", "gencomm"].reference is None
+    assert inter.families["junction"].vs_reference["0.5"].diff == pytest.approx(-0.2)
+    assert inter.families["road"].vs_reference["0.5"].diff == pytest.approx(+0.2)
+    assert inter.families["pool"].vs_reference["0.5"].diff == pytest.approx(0.0)
+    late_b = by["heterogeneous", "late_of_stage1"]
+    assert late_b.reference == "GenComm (m2, m3, m4 onboarded)"
+    road = late_b.families["road"].vs_reference["0.5"]  # 0 of 5 vs 5 of 5 road scenes, whatever the draw
+    assert road.diff == pytest.approx(-1.0) and road.ci == [-1.0, -1.0] and road.significant
 
 
 def test_section_shows_both_families_and_what_late_fusion_leads(tmp_path):
@@ -120,7 +126,10 @@ def test_section_shows_both_families_and_what_late_fusion_leads(tmp_path):
     assert "| Late fusion (stage-1 models) |" in section and "**-1.000 [-1.00, -1.00]**" in section
     # results.json keeps the figures; they read back equal
     back = Results.from_json(results.to_json(), "results.json")
-    assert back.scene_families == json.loads(json.dumps(results.scene_families))
+    assert back.scene_families == results.scene_families
+    assert [r.method_id for r in back.scene_families.rows] == ["no_fusion", "late", "intermediate", "gencomm",
+                                                              "gencomm", "late_of_stage1"]
+    assert json.loads(results.to_json())["scene_families"]["rows"][0]["method_id"] == "no_fusion"
     # an older results.json without them: the report computes them from the rows' records and test_data
     again = write_report(_results(tmp_path, rows, root), tmp_path).read_text()
     assert again.split("## AP per scene family")[1] == report.split("## AP per scene family")[1]
@@ -129,7 +138,7 @@ def test_section_shows_both_families_and_what_late_fusion_leads(tmp_path):
 def test_one_family_test_set_is_one_line_and_missing_families_say_why(tmp_path):
     rows, root = _rows(tmp_path), _test_root(tmp_path, road=())
     fig = family_figures(rows, root)
-    assert fig["families"] == {"junction": 10} and fig["rows"] == []
+    assert fig.families == {"junction": 10} and fig.rows == []
     lines = [ln for ln in family_section(fig) if ln]
     assert lines == ["## AP per scene family",
                      f"The test set `{root}` holds one scene family only: junction (10 scenes); no per-family split."]
@@ -137,7 +146,7 @@ def test_one_family_test_set_is_one_line_and_missing_families_say_why(tmp_path):
     fig, why = compute_family_figures(rows, root)
     assert fig is None and "data_protocol.yaml" in why and "scenario.layout" in why and "\n" not in why
     assert family_section(None, why)[2] == f"Not computed: {why}"
-    assert family_figures([ResultRow(method="x", eval={}, train_wall_s=0, trainable_params=0)], root) is None
+    assert family_figures([ResultRow("x", "x", Evaluation(ap={}), train_wall_s=0, trainable_params=0)], root) is None
     assert family_section(None) == []   # no row with per-frame records: no section
 
 
@@ -145,26 +154,26 @@ def test_malformed_scene_families_name_the_field(tmp_path):
     rows, root = _rows(tmp_path)[:2], _test_root(tmp_path)
     doc = _results(tmp_path, rows, root, scene_families=family_figures(rows, root)).to_dict()
     doc["scene_families"]["rows"][1]["families"]["road"]["scenes"] = "five"
-    with pytest.raises(ResultsError, match=r"^r\.json: field scene_families\.rows\[1\]\.families\.road\.scenes "
-                                           r"must be int, got str$"):
+    with pytest.raises(ResultsError, match=r"^r\.json: key 'scene_families\.rows\.1\.families\.road\.scenes': "
+                                           r"expected an integer, got 'five'$"):
         Results.from_dict(doc, "r.json")
     doc["scene_families"]["rows"][1]["families"]["ring"] = {"scenes": 1, "frames": 1}
     del doc["scene_families"]["rows"][1]["families"]["road"]
-    with pytest.raises(ResultsError, match=r"field scene_families\.rows\[1\]\.families\.ring is not a family"):
+    with pytest.raises(ResultsError, match=r"key 'scene_families\.rows\.1\.families\.ring': 'ring' is not a family"):
         Results.from_dict(doc, "r.json")
     doc["scene_families"] = {"test_data": "x", "families": {"road": 1}}
-    with pytest.raises(ResultsError, match="missing field scene_families.rows"):
+    with pytest.raises(ResultsError, match=r"key 'scene_families': missing required key\(s\) \['rows'\]"):
         Results.from_dict(doc, "r.json")
 
 
 def test_a_tie_with_late_fusion_is_no_lead():
     """Equal APs (e.g. every row at 0 on a tiny test set) are neither a lead nor a loss for late fusion."""
     from experiments.report_family import _late_clause
-    from experiments.results import FAMILY_POOL
 
     def entry(method, junction, road):
         aps = {"junction": junction, "road": road, FAMILY_POOL: (junction + road) / 2}
-        return {"method": method, "families": {f: {"ap": {"0.5": v}} for f, v in aps.items()}}
+        return FamilyRow(legacy_method_id(method, "main"), method, "main",
+                         {f: FamilyFigure(scenes=1, frames=1, ap={"0.5": v}) for f, v in aps.items()})
 
     tie = _late_clause([entry("Late fusion", 0.0, 0.0), entry("GenComm (m3 onboarded)", 0.0, 0.0)],
                        ["junction", "road"])[0]

@@ -132,6 +132,7 @@ def test_tables_show_intervals_when_present():
 
 def test_report_section_from_robustness_json(tmp_path):
     from experiments.report import robustness_section
+    from experiments.evaluation import Evaluation
     from experiments.results import ResultRow
     assert robustness_section(tmp_path) == []
     (tmp_path / "robustness").mkdir()
@@ -143,7 +144,8 @@ def test_report_section_from_robustness_json(tmp_path):
     assert "Late fusion +0.000, GenComm +0.002" in text  # drop 1 against collaborators off, AP@0.5
     assert "earlier invocation" not in text
     swept = sorted({str(Path(r["run_dir"]).parent) for r in _data(False)["runs"]})
-    same = [ResultRow("x", {}, 0.0, 0, run=str(Path(d) / "x")) for d in swept]
+    same = [ResultRow("x", "x", Evaluation({}), 0.0, 0, run=str(Path(d) / "x")) for d in swept]
     assert "earlier invocation" not in "\n".join(robustness_section(tmp_path, same))
-    other = "\n".join(robustness_section(tmp_path, [ResultRow("x", {}, 0.0, 0, run="/results/runs/seed1/m1_none")]))
+    other = "\n".join(robustness_section(tmp_path, [ResultRow("x", "x", Evaluation({}), 0.0, 0,
+                                                              run="/results/runs/seed1/m1_none")]))
     assert "This sweep comes from an earlier invocation, on the runs in `" + swept[0] in other

@@ -9,6 +9,7 @@ import pytest
 
 from experiments.benchmark import METHODS, run_benchmark, stage2_config
 from experiments.report_epochs import camera_steps, epoch_sections, scored_runs_per_seed
+from experiments.evaluation import Evaluation
 from experiments.results import ResultRow
 from opencood_ext.experiment import load_experiment
 from opencood_ext.run_folder import RunFolder, dynamic_label, evaluation_label
@@ -99,18 +100,19 @@ def _scored_run(run: Path, epochs: dict, selected, best_epoch):
 
 def test_report_shows_ap_per_epoch_and_what_the_camera_adds_per_seed(tmp_path):
     runs = tmp_path / "runs"
-    boot = {"bootstrap": {"resamples": 200, "seed": 1}}
+    boot = Evaluation({}, details={"bootstrap": {"resamples": 200, "seed": 1}})
     # seed 0: the camera adds nothing at epoch 1 (4 vs 4 scenes), everything at epoch 2 (0 vs 10), and nothing
     # at best.pth; seed 1 scored epoch 1 only; STAMP was never scored, late fusion is no onboarding
     _scored_run(runs / "onboard_gencomm_m2", {1: (set(range(4)), set(range(4))), 2: (set(), set(range(10)))},
                 ({1, 2}, {1, 2}), best_epoch=1)
     _scored_run(runs / "seed1" / "onboard_gencomm_m2", {1: (set(), set(range(SCENES)))}, (set(), set()), 1)
     (runs / "onboard_stamp_m2").mkdir()
-    rows = [ResultRow(method="GenComm (m2 onboarded)", table="heterogeneous", run=str(runs / "onboard_gencomm_m2"),
-                      eval=boot, train_wall_s=0, trainable_params=0, onboard_method="gencomm"),
-            ResultRow(method="STAMP (m2 onboarded)", table="heterogeneous", run=str(runs / "onboard_stamp_m2"),
-                      eval=boot, train_wall_s=0, trainable_params=0, onboard_method="stamp"),
-            ResultRow(method="Late fusion", table="heterogeneous", run=str(runs / "late"), eval=boot,
+    rows = [ResultRow("gencomm", "GenComm (m2 onboarded)", boot, table="heterogeneous",
+                      run=str(runs / "onboard_gencomm_m2"), train_wall_s=0, trainable_params=0,
+                      onboard_method="gencomm"),
+            ResultRow("stamp", "STAMP (m2 onboarded)", boot, table="heterogeneous", run=str(runs / "onboard_stamp_m2"),
+                      train_wall_s=0, trainable_params=0, onboard_method="stamp"),
+            ResultRow("late_of_stage1", "Late fusion", boot, table="heterogeneous", run=str(runs / "late"),
                       train_wall_s=0, trainable_params=0)]
     per_seed = scored_runs_per_seed(rows, runs, [0, 1])
     assert {s: [r.method for r in v] for s, v in per_seed.items()} == \
@@ -133,7 +135,7 @@ def test_report_shows_ap_per_epoch_and_what_the_camera_adds_per_seed(tmp_path):
 
 
 def test_no_scored_epoch_no_section(tmp_path):
-    row = ResultRow(method="GenComm", table="heterogeneous", run=str(tmp_path), eval={}, train_wall_s=0,
+    row = ResultRow("gencomm", "GenComm", Evaluation({}), table="heterogeneous", run=str(tmp_path), train_wall_s=0,
                     trainable_params=0, onboard_method="gencomm")
     assert epoch_sections(SimpleNamespace(hetero_rows=lambda: [row], training_seeds=[0]), tmp_path) == []
 

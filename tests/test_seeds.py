@@ -1,6 +1,6 @@
-"""Seed archives of the main table (experiments.seeds) and the pooled paired difference behind them:
-a closed-form pooled interval, archive round trip, the spread and verdicts, and errors that name
-the file and the field."""
+"""Seed archives of the main table (experiments.archives, experiments.seeds) and the pooled paired
+difference behind them: a closed-form pooled interval, archive round trip, the spread and verdicts, and
+errors that name the file and the field."""
 import dataclasses
 import json
 import math
@@ -10,8 +10,9 @@ import shutil
 import numpy as np
 import pytest
 
+from experiments.archives import archive_seed, load_archive, load_archives
 from experiments.results import ResultRow
-from experiments.seeds import archive_seed, load_archive, load_archives, main, seed_section, spread_json
+from experiments.seeds import main, seed_section, spread_json
 from opencood_ext.eval.bootstrap import paired_difference, pooled_paired_difference
 from opencood_ext.eval.records import FrameRecords
 
@@ -125,7 +126,8 @@ def test_archive_round_trip_and_spread(tmp_path):
     a = load_archive(folders[1])
     assert a.seed == 1 and [r.method for r in a.rows] == ["No fusion", "Late fusion", "GenComm (m3 onboarded)"]
     assert a.meta["profile"] == "default" and a.meta["data_seed"] == 0
-    assert a.records(a.row("Late fusion")).num_frames == SCENES * FRAMES
+    assert [r.method_id for r in a.rows] == ["no_fusion", "late", "gencomm"]  # from the names: no ids in the rows
+    assert a.records(a.row("late")).num_frames == SCENES * FRAMES
     # the archive holds copies: deleting the run's files does not lose it
     for f in tmp_path.glob("s*_*.npz"):
         f.unlink()
@@ -134,9 +136,9 @@ def test_archive_round_trip_and_spread(tmp_path):
     assert list(late["seeds"]) == ["0", "1", "2"]
     assert late["0.5"]["mean"] == pytest.approx((1.0 + 1.0 + 0.9) / 3)
     assert late["0.5"]["std"] == pytest.approx(np.std([1.0, 1.0, 0.9], ddof=1))
-    assert a.row("No fusion").ego_only.frames == "row0.npz"  # one evaluation, stored once
+    assert a.row("no_fusion").ego_only.records == "row0.npz"  # one evaluation, stored once
     # version 2: the benchmark row, every alliance with its own records, and what the row states about its run
-    b = a.bench_row("BackAlign (m3 onboarded)")
+    b = a.bench_row("backalign")
     assert [x.types for x in b.alliances] == [["m1"], ["m1", "m3"]]
     assert (b.protocol, b.training_seed, b.optimizer_steps, b.onboard_method) == ("equalized", 1, 40, "backalign")
     assert a.load(b.alliance(["m1", "m3"]).eval).num_frames == SCENES * FRAMES
@@ -184,7 +186,7 @@ def test_archives_of_different_experiments_are_refused(tmp_path):
     doc = json.loads(bad.read_text())
     del doc["rows"][1]["ego_only"]
     bad.write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match=r"seed0/rows.json: missing field rows\[1\]\.ego_only"):
+    with pytest.raises(ValueError, match=r"seed0/rows.json: key 'rows\.1\.ego_only': missing"):
         load_archive(folders[0])
     with pytest.raises(FileNotFoundError, match="no seed archive"):
         load_archive(tmp_path)
@@ -192,7 +194,7 @@ def test_archives_of_different_experiments_are_refused(tmp_path):
 
 def test_archiving_a_row_without_records_fails_and_leaves_nothing(tmp_path):
     rows = _rows(tmp_path, 0, HITS[0])
-    rows[1].ego_only["frames_file"] = str(tmp_path / "gone.npz")
+    rows[1].ego_only.records = str(tmp_path / "gone.npz")
     with pytest.raises(FileNotFoundError, match="'Late fusion': ego_only.frames_file"):
         archive_seed(rows, 0, tmp_path / "seeds")
     assert not (tmp_path / "seeds" / "seed0").exists() and not (tmp_path / "seeds" / "seed0.tmp").exists()
@@ -220,11 +222,12 @@ def test_cli_archive_then_report(tmp_path, capsys):
     assert re.fullmatch(r"error: gencomm-seed-report: .*no seed archive here.*\n", capsys.readouterr().err)
     (tmp_path / "bad.json").write_text(json.dumps({"rows": []}))
     assert main(["archive", str(tmp_path / "bad.json"), "-o", str(tmp_path / "arch")]) == 2
-    assert "bad.json: missing field profile" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "bad.json: key '<top level>': missing required key(s) ['profile'" in err and err.count("\n") == 1
     (tmp_path / "bad.json").write_text(json.dumps({**res, "rows": [{"method": 3}]}))
     assert main(["archive", str(tmp_path / "bad.json"), "-o", str(tmp_path / "arch")]) == 2
     assert capsys.readouterr().err == "error: gencomm-seed-report: " + str(tmp_path / "bad.json") + \
-        ": missing field rows[0].eval\n"
+        ": key 'rows.0.method': expected a string, got 3\n"
     bad = tmp_path / "arch" / "seed0" / "row1.npz"
     bad.write_bytes(bad.read_bytes()[:50])  # a truncated archive file: still one line and exit 2
     assert main(["report", str(tmp_path / "arch" / "seed0"), str(tmp_path / "arch" / "seed1")]) == 2
@@ -253,9 +256,9 @@ def test_main_job_spread_leaves_out_archives_of_another_test_split(tmp_path):
     for r in rows[:-1]:  # the same rows on a renamed test split
         for key in ("eval", "ego_only"):
             ev = getattr(r, key)
-            rec = FrameRecords.load(ev["frames_file"])
+            rec = ev.load_records(r.run)
             rec = dataclasses.replace(rec, frames=np.array([f"other/{f}" for f in rec.frames]))
-            ev["frames_file"] = str(rec.save(tmp_path / f"other_{r.method[:4]}_{key}.npz"))
+            ev.records = str(rec.save(tmp_path / f"other_{r.method[:4]}_{key}.npz"))
     archive_seed(rows, 1, tmp_path / "seeds", {"profile": "default", "data_seed": 0})
     seeds = tmp_path / "seeds"
     assert [p.name for p in seed_archives(tmp_path, "default", 0, like=seeds / "seed2")] == ["seed0", "seed2"]
