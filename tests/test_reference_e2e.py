@@ -81,9 +81,13 @@ def _stack(t):
             "shrink": {"type": "downsample_conv", "kernel_size": [3], "stride": [2], "padding": [1], "dims": [C]}}
 
 
+# the reference's anchors: from xmin + 0.4 to xmax - 0.4 (its yamls' voxel size; tests/test_reference_anchors.py)
+ANCHORS = {"margin": [0.4, 0.4]}
+
+
 def _model(types, link, protocol="reference", fusion_op="att"):
     return CooperativeDetector({t: _stack(t) for t in types}, RANGE, fusion="intermediate", fusion_op=fusion_op,
-                               link=link, protocol=protocol).eval()
+                               link=link, protocol=protocol, anchors=ANCHORS).eval()
 
 
 GENCOMM_LINK = {"type": "gencomm", "message": {"variant": "reference"}, "enhancer": {"variant": "reference"},
@@ -269,7 +273,7 @@ def _second_model(rng=RANGE_S, voxel=VOXEL_S):
                           "upsample_strides": [1], "num_upsample_filters": [C]},
              "shrink": {"type": "downsample_conv", "kernel_size": [3], "stride": [2], "padding": [1], "dims": [C]}}
     return CooperativeDetector({"m3": stack}, rng, fusion="intermediate", fusion_op="att", link=GENCOMM_LINK,
-                               protocol="reference").eval()
+                               protocol="reference", anchors=ANCHORS).eval()
 
 
 def _second_shapes():

@@ -28,6 +28,7 @@ from opencood_ext.data.augment import AugmentConfig
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, CooperativeDataset, DataConfig
 from opencood_ext.eval.ap import APAccumulator
+from test_reference_anchors import HWL, reference_anchor_box
 from test_reference_e2e import no_noise  # noqa: F401  (the fixture: diffusion noise zero on both sides)
 
 CLS_BIAS = -1.0
@@ -73,9 +74,20 @@ def _ap(boxes, scores, gt):
     return acc.result(global_sort=True).ap
 
 
+def _reference_anchors(model, rng):
+    """generate_anchor_box (tests/test_reference_anchors.py) for this range, the reference's 0.4 m voxel
+    and the feature stride of the model's cells: (H, W, K, 7) in our box order, float64."""
+    stride = round(model.grid.cell[0] / 0.4)
+    hypes = {"preprocess": {"args": {"voxel_size": [0.4, 0.4, 4]}},
+             "postprocess": {"order": "hwl", "anchor_args": {"cav_lidar_range": list(rng), "l": 3.9, "w": 1.6,
+                                                             "h": 1.56, "r": [0, 90], "feature_stride": stride}}}
+    return torch.from_numpy(reference_anchor_box(hypes)[..., HWL])
+
+
 def _check(model, batch, reference, monkeypatch, rng=e2e.RANGE, top_k_bites=True, matched_at=0.3):
     """``reference()``: the reference's (cls, reg, dir) maps for ``batch``, computed independently;
-    ``matched_at``: an IoU threshold where some boxes match the ground truth (AP above 0)."""
+    ``matched_at``: an IoU threshold where some boxes match the ground truth (AP above 0). The
+    restated post-processing decodes on the reference's anchors restated, not on the model's."""
     monkeypatch.setattr(ev, "RANGE", tuple(rng))  # the restatement's final range mask: this range
     assert (ev.THRESHOLD, ev.NMS) == (model.post["score_threshold"], model.post["nms_iou"])
     with torch.no_grad():
@@ -87,7 +99,8 @@ def _check(model, batch, reference, monkeypatch, rng=e2e.RANGE, top_k_bites=True
     if top_k_bites:
         assert passing > 1000, passing  # and the top-1000 cut before NMS
     ours = model.decode(head)[0]
-    corners, scores, _ = ev.reference_post_process(cls, reg[:, hwl], dirs, model.anchors, multi_class=False)
+    corners, scores, _ = ev.reference_post_process(cls, reg[:, hwl], dirs, _reference_anchors(model, rng),
+                                                   multi_class=False)
     assert len(ours) == len(scores) > 20, (len(ours), len(scores))
     np.testing.assert_allclose(ours.scores.numpy(), scores, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ev._our_corners(ours.boxes), corners, atol=1e-3)
