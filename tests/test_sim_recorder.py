@@ -379,3 +379,39 @@ def test_an_idle_worker_leaves_once_its_recorder_is_killed(tmp_path):
             break
         time.sleep(0.1)
     assert not alive(worker), f"worker {worker} still alive after its recorder was killed"
+
+
+def test_frame_interval_spaces_the_saved_frames_and_is_part_of_the_recording(recorded, tmp_path, capsys):
+    """--frame_interval 1.0 saves a frame every 20 physics ticks (0.05 s each), where the default saves
+    one every 2; the interval is in each marker and data_protocol.yaml, so a folder recorded at another
+    interval is refused rather than mixed; a default recording's markers do not name it (recordings made
+    before the option stay reusable); an interval that is not a multiple of the tick is refused."""
+    import yaml
+    a, _, tool = recorded
+    spaced = tmp_path / "spaced"
+    assert tool.main(["-o", str(spaced), "--frame_interval", "1.0"] + TINY) == 0
+
+    def stamps(root):
+        out = {}
+        for scen in sorted((root / "train").iterdir()):
+            ego = sorted((p for p in scen.iterdir() if p.is_dir()), key=lambda p: int(p.name))[0]
+            out[scen.name] = sorted(int(p.stem) for p in ego.glob("*.yaml"))
+        return out
+
+    for ticks in stamps(spaced).values():
+        assert np.diff(ticks).tolist() == [20]
+    for ticks in stamps(a).values():
+        assert np.diff(ticks).tolist() == [2]
+    assert stamps(spaced).keys() == stamps(a).keys()   # the same scenarios, only the spacing differs
+    marker = json.loads((spaced / MARKER_DIR / "scenario_0000.json").read_text())
+    assert marker["run"]["frame_interval"] == 1.0
+    assert "frame_interval" not in json.loads((a / MARKER_DIR / "scenario_0000.json").read_text())["run"]
+    protocol = yaml.safe_load(next(spaced.glob("train/*/data_protocol.yaml")).read_text())
+    assert protocol["world"]["ticks_per_saved_frame"] == 20
+    capsys.readouterr()
+    assert tool.main(["-o", str(spaced)] + TINY) == 2   # the default interval asked of a 1 s recording
+    assert "frame_interval: recorded 1.0, asked None" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tool.main(["-o", str(tmp_path / "bad"), "--frame_interval", "0.12"] + TINY)
+    assert "--frame_interval must be a positive multiple of 0.05 s, got '0.12'" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

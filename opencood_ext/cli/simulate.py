@@ -1,6 +1,6 @@
 """Record OPV2V-H-format datasets with the built-in simulator (no CARLA, no download).
 
-    gencomm-sim -o DIR [--scenarios N] [--frames M] [--seed S]
+    gencomm-sim -o DIR [--scenarios N] [--frames M] [--frame_interval SECONDS] [--seed S]
         [--split_ratio 0.6 0.2 0.2] [--no_cameras] [--camera_size WxH]
         [--agent_types RIG.yaml] [--workers N] [--family junction|road|free|mixed] [--overwrite]
 
@@ -59,6 +59,30 @@ def default_workers() -> int:
     return max(1, min(2, cpus))
 
 
+DEFAULT_FRAME_INTERVAL = 0.1
+TICK_SECONDS = SimConfig.tick_seconds
+
+
+def ticks_per_frame(interval: float) -> int:
+    """Physics ticks between saved frames for ``interval`` seconds; ValueError unless a positive
+    multiple of the tick (0.05 s)."""
+    ticks = round(interval / TICK_SECONDS)
+    if ticks < 1 or abs(ticks * TICK_SECONDS - interval) > 1e-6:
+        raise ValueError(f"--frame_interval must be a positive multiple of the {TICK_SECONDS} s physics tick, "
+                         f"got {interval}")
+    return ticks
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+        ticks_per_frame(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--frame_interval must be a positive multiple of {TICK_SECONDS} s, "
+                                         f"got {text!r}") from None
+    return value
+
+
 def _workers(text: str) -> int:
     try:
         n = int(text)
@@ -74,7 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-o", "--out", type=Path, required=True, help="dataset root to write")
     p.add_argument("--scenarios", type=int, default=4)
-    p.add_argument("--frames", type=int, default=50, help="saved frames per scenario (10 Hz)")
+    p.add_argument("--frames", type=int, default=50, help="saved frames per scenario")
+    p.add_argument("--frame_interval", type=_interval, default=DEFAULT_FRAME_INTERVAL, metavar="SECONDS",
+                   help=f"simulated time between saved frames (default {DEFAULT_FRAME_INTERVAL}: 10 Hz, as OPV2V); "
+                        f"a multiple of the {TICK_SECONDS} s physics tick. Longer intervals make the frames of a "
+                        f"scenario differ (vehicles move on), for training data as varied as OPV2V's, whose "
+                        f"frames are moments of long drives")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split_ratio", type=float, nargs=3, default=(0.6, 0.2, 0.2), metavar=("TRAIN", "VAL", "TEST"))
     p.add_argument("--no_cameras", action="store_true", help="LiDAR only (no _camera / _depth PNGs)")
@@ -137,10 +166,14 @@ def _record(args) -> int:
     traffic = TrafficParams() if args.vehicles is None else TrafficParams(vehicles=tuple(args.vehicles))
     cfg = SimConfig(town=TownParams(raster_res=args.raster_res), traffic=traffic, sensors=sensors,
                     agents=AgentParams(layout=MIXED_CYCLE[0] if args.layout == MIXED else args.layout),
-                    cameras=not args.no_cameras, camera_size=args.camera_size, camera_shadows=not args.no_shadows)
+                    cameras=not args.no_cameras, camera_size=args.camera_size, camera_shadows=not args.no_shadows,
+                    ticks_per_frame=ticks_per_frame(args.frame_interval))
     settings = {"agent_types": _rig_id(args.agent_types), "camera_size": list(args.camera_size or ()),
                 "vehicles": list(traffic.vehicles), "points_per_second": sensors.lidar.points_per_second,
                 "raster_res": args.raster_res, "shadows": not args.no_shadows, "layout": args.layout}
+    if ticks_per_frame(args.frame_interval) != ticks_per_frame(DEFAULT_FRAME_INTERVAL):
+        # only when not the default, so that recordings made before the option stay reusable
+        settings["frame_interval"] = args.frame_interval
     world = BuiltinWorld(cfg)
     try:
         res = record(world, args.out, args.scenarios, args.frames, args.seed, args.split_ratio,
