@@ -71,6 +71,7 @@ CONSOLE_SCRIPTS = [
     "gencomm-reproduce = experiments.reproduce:main",
     "gencomm-seed-report = experiments.seeds:main",
     "gencomm-fair-benchmark = experiments.fair:main",
+    "gencomm-curves = experiments.curves_run:main",
     "gencomm-bench = experiments.bench.cli:main",
 ]
 

@@ -35,7 +35,9 @@ def simulate(data: Path, profile: Profile, seed: int) -> None:
     w, h = profile.camera_size
     call(Command("gencomm-sim", ["-o", data, "--scenarios", profile.scenarios, "--frames", profile.frames,
                                      "--seed", seed, "--split_ratio", *profile.split, "--camera_size", f"{w}x{h}",
-                                     "--family", profile.scene_family]))
+                                     "--family", profile.scene_family,
+                                     *(["--frame_interval", profile.frame_interval] if profile.frame_interval != 0.1
+                                       else [])]))
 
 
 def test_set_root(data: Path) -> Path:

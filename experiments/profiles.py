@@ -23,6 +23,9 @@ class Profile:
     (``--feature_cache`` of gencomm-onboard / -infer / -robustness; None: off). The main job sets
     ``<out>/cache/features`` unless ``--no_feature_cache``.
 
+    frame_interval: seconds between the saved frames of a dataset scenario (the separate test set has
+    one frame per scene): 0.1 s frames are nearly identical, 1 s apart the traffic has moved on.
+
     test_scenes: > 0 evaluates every row on a separate test set of that many scenes of
     ``test_frames`` frames each (:func:`experiments.pipeline.test_set_root`), not on the dataset's own
     test split. Frames of one scene are nearly redundant, so many one-frame scenes narrow a
@@ -49,6 +52,7 @@ class Profile:
     feature_cache: Optional[str] = None
     score_epochs: Tuple[str, ...] = ()
     scene_family: str = "junction"  # gencomm-sim --family of the dataset and the test set (opencood_ext.sim.families)
+    frame_interval: float = 0.1     # gencomm-sim --frame_interval of the dataset: seconds between a scenario's frames
 
 
 PROFILES = {

@@ -42,8 +42,10 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+import yaml
+
 from .pipeline import Steps, found_finished, one_seed, simulate, simulate_test_set
-from .profiles import PROFILES
+from .profiles import PROFILES, Profile
 from .report_epochs import seed_runs
 from .family_figures import compute_family_figures
 from .results import Results, ResultsError
@@ -81,7 +83,7 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
               benchmark_types: Optional[Sequence[str]] = None, competitor_stage1: Optional[str] = None,
               test_scenes: Optional[int] = None, configs: Optional[Path] = None,
               command: str = "gencomm-reproduce", feature_cache: bool = True, score_epochs=(),
-              protocol: Optional[str] = None) -> Path:
+              protocol: Optional[str] = None, budget: int = 1) -> Path:
     """The main job (module docstring). ``seed``: the data and channel seed; ``seeds``: training seeds
     (default: the profile's); every row is trained once per training seed (seed 0's runs in ``runs``,
     another seed's in ``runs/seed<s>``), the report shows the first seed's rows and the spread across seeds.
@@ -96,7 +98,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     for the report's AP per onboarding epoch and what the camera adds at each. ``protocol``: run every step under this protocol
     (``--set protocol=...`` for every training, onboarding and evaluation; None: the configs' own,
     ``equalized`` for the shipped sim configs), e.g. ``reference`` for the LiDAR pair under the reference
-    code's placement (issue 31)."""
+    code's placement (issue 31). ``budget``: every training and onboarding runs ``budget`` times its
+    epochs (:func:`scale_budget`; 1: the configs' own), for the learning curves (:mod:`experiments.curves`)."""
     from opencood_ext.config_files import configs_root
     profile = PROFILES[profile_name]
     if not benchmark:
@@ -122,6 +125,7 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     configs = Path(configs).resolve() if configs is not None else configs_root()
     if not configs.is_dir():
         raise FileNotFoundError(f"--configs {configs}: no such folder")
+    profile = scale_budget(profile, budget, configs)
     seeds = list(seeds if seeds is not None else profile.seeds)
     out.mkdir(parents=True, exist_ok=True)
     if feature_cache:
@@ -162,6 +166,30 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     results.write(out / "results.json")
     from .report import write_report
     return write_report(results, out)
+
+
+def scale_budget(profile: Profile, budget: int, configs: Path) -> Profile:
+    """``profile`` with every training and onboarding run at ``budget`` times its epochs: the profile's
+    own ``train.epochs`` override, else ``sim/base.yaml``'s (every shipped sim config, stage 2 included,
+    takes its epochs from there), times ``budget``, for every step; the profile's onboarding epochs too.
+    Budget 1 returns the profile unchanged (the same commands, so earlier runs are reused)."""
+    if budget < 1:
+        raise ValueError(f"budget must be a positive whole number, got {budget}")
+    if budget == 1:
+        return profile
+    given = [o.split("=", 1)[1] for o in profile.overrides if o.startswith("train.epochs=")]
+    if given:
+        epochs = int(given[-1])
+    else:
+        base = configs / "sim" / "base.yaml"
+        try:
+            epochs = int(yaml.safe_load(base.read_text())["train"]["epochs"])
+        except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
+            raise ValueError(f"{base}: field 'train.epochs' (the epochs --budget multiplies) unreadable: {exc}") \
+                from None
+    onboard = None if profile.onboard_epochs is None else profile.onboard_epochs * budget
+    return dataclasses.replace(profile, overrides=[*profile.overrides, f"train.epochs={epochs * budget}"],
+                               onboard_epochs=onboard)
 
 
 def _seed_list(text: str):
@@ -227,6 +255,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "(comma-separated keys, e.g. gencomm; alone: all) for REPORT.md's AP per onboarding epoch and "
                         "what the camera adds at each; costs epochs x alliances more evaluations per method (4 x 4: "
                         "16 per method, 96 for the six rows)")
+    p.add_argument("--budget", type=int, default=1, metavar="K",
+                   help="train and onboard every run for K times its epochs (default 1: the configs' own); the "
+                        "learning curves (tools/learning_curves.py) run the LiDAR pair at K = 1, 2, 4, ...")
     args = p.parse_args(None if argv is None else list(argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     profile = args.profile or ("quick" if args.quick else "default")
@@ -241,7 +272,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            competitor_stage1=args.competitor_stage1, test_scenes=args.test_scenes,
                            configs=args.configs, command=shlex.join(["gencomm-reproduce", *words]),
                            feature_cache=not args.no_feature_cache, score_epochs=[m for m in args.score_epochs.split(",") if m],
-                           protocol=args.protocol)
+                           protocol=args.protocol, budget=args.budget)
     except (ValueError, FileNotFoundError, StepError, ResultsError) as exc:
         print(f"error: gencomm-reproduce: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -1,0 +1,127 @@
+"""``gencomm-curves`` / ``python tools/learning_curves.py``: run and report the learning curves
+(:mod:`experiments.curves` says what they are).
+
+    python tools/learning_curves.py run --out OUT [--data DATA] [--seed S] [--budgets 1,2,4] [--max_budget 32]
+                                        [--profile default|quick]
+    python tools/learning_curves.py report OUT [-o FOLDER]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import shlex
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from .curves import STAGE1_RUNS, collect, write_report
+
+log = logging.getLogger(__name__)
+PAIR = ("m1", "m3")
+
+
+def budgets_upto(max_budget: int) -> List[int]:
+    """1, 2, 4, ... up to ``max_budget`` (at least 1)."""
+    if max_budget < 1:
+        raise ValueError(f"--max_budget must be >= 1, got {max_budget}")
+    out, b = [], 1
+    while b <= max_budget:
+        out.append(b)
+        b *= 2
+    return out
+
+
+def score_stage1(folder: Path, data: Path, profile_name: str, seed: int, budget: int) -> List[Path]:
+    """Evaluate every stage-1 run of one budget's job among its own type (its own config's agents,
+    intermediate fusion) on the job's test set; ``gencomm-infer --reuse`` skips a current evaluation."""
+    from opencood_ext.config_files import configs_root
+    from .pipeline import evaluate_run, test_set_root
+    from .profiles import PROFILES
+    from .report_epochs import seed_runs
+    from .reproduce import scale_budget
+    profile = scale_budget(PROFILES[profile_name], budget, configs_root())
+    if profile.test_scenes > 0:
+        profile = dataclasses.replace(profile, overrides=[*profile.overrides, f"data.root={test_set_root(data)}"])
+    else:
+        profile = dataclasses.replace(profile, overrides=[*profile.overrides, f"data.root={data}"])
+    profile = dataclasses.replace(profile, feature_cache=str(folder / "cache" / "features"))
+    runs = seed_runs(folder / "runs", seed)
+    scored = []
+    for name in STAGE1_RUNS.values():
+        run = runs / name
+        if (run / "checkpoints").is_dir():
+            evaluate_run(run, "intermediate", profile)
+            scored.append(run)
+    return scored
+
+
+def run_curves(out: Path, data: Path, seed: int = 0, budgets: Sequence[int] = (1, 2, 4, 8, 16, 32),
+               profile_name: str = "default", command: str = "gencomm-curves") -> Path:
+    """The main job on the LiDAR pair at each budget (module docstring of :mod:`experiments.curves`),
+    stopping after the first budget at which every trained run has converged; -> OUT/CURVES.md."""
+    from .reproduce import reproduce
+    out, data = Path(out).resolve(), Path(data).resolve()
+    report = out / "CURVES.md"
+    for b in sorted(set(budgets)):
+        folder = out / f"budget{b}"
+        log.info("learning curves: budget %dx into %s", b, folder)
+        reproduce(folder, data, profile_name, seeds=[seed], robustness=False, benchmark_types=list(PAIR),
+                  command=f"{command} (budget {b})", budget=b)
+        score_stage1(folder, data, profile_name, seed, b)
+        curves = collect(out)
+        write_report(curves, out)
+        trained = {k: v for k, v in curves.converged_at.items()
+                   if any(p.key == k and p.val_detection_loss is not None for p in curves.points)}
+        if len(curves.budgets) > 1 and trained and all(v is not None for v in trained.values()):
+            log.info("learning curves: every run converged by budget %dx", b)
+            break
+    return report
+
+
+def _budget_list(text: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"--budgets must be positive whole numbers, e.g. 1,2,4; got {text!r}")
+    return values
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Exit 0, or 2 with one line on stderr for bad input (a missing or malformed results file)."""
+    from .profiles import PROFILES
+    from .results import ResultsError
+    from .steps import StepError
+    p = argparse.ArgumentParser(prog="gencomm-curves", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="train and score the LiDAR pair at doubling budgets")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--data", type=Path, default=None, help="default data/sim (data/sim_<profile> otherwise)")
+    r.add_argument("--seed", type=int, default=0, help="the training seed")
+    r.add_argument("--profile", choices=list(PROFILES), default="default")
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--max_budget", type=int, default=32, help="double up to this budget (default 32)")
+    g.add_argument("--budgets", type=_budget_list, default=None, help="exactly these budgets, e.g. 1,2,4")
+    s = sub.add_parser("report", help="curves.json, CURVES.md and curves.png from OUT/budget<K>/")
+    s.add_argument("out", type=Path)
+    s.add_argument("-o", "--to", type=Path, default=None, help="write them here (default: OUT)")
+    args = p.parse_args(None if argv is None else list(argv))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    words = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if args.cmd == "run":
+            data = args.data or Path("data/sim" if args.profile == "default" else f"data/sim_{args.profile}")
+            budgets = args.budgets or budgets_upto(args.max_budget)
+            report = run_curves(args.out, data, args.seed, budgets, args.profile,
+                                command=shlex.join(["gencomm-curves", *words]))
+        else:
+            report = [f for f in write_report(collect(args.out), args.to or args.out) if f.suffix == ".md"][0]
+    except (ValueError, FileNotFoundError, StepError, ResultsError) as exc:
+        print(f"error: gencomm-curves: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    print(report.read_text())
+    print(f"report: {report}")
+    return 0

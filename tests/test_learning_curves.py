@@ -1,0 +1,127 @@
+"""The learning curves' tooling (experiments.curves): points read from each budget's results.json and
+run folders, the 2 % convergence rule, the ranking's settling budget, the report files and the CLI's
+errors. The budget folders are written here with made-up figures; nothing is trained."""
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.curves import (CONVERGED_GAIN, analyse, best_val_loss, collect, converged_budget, settled_budget,
+                                write_report)
+from experiments.curves_run import budgets_upto, main
+from experiments.evaluation import Alliance, Evaluation
+from experiments.results import ResultRow, Results
+
+
+def _eval(ap5, ap7, collab=None):
+    ap = {"global": {"0.3": ap5 + 0.05, "0.5": ap5, "0.7": ap7}}
+    ci = {"global": {t: [v - 0.02, v + 0.02] for t, v in ap["global"].items()}}
+    recall = None if collab is None else {"collaborators_only": {"gt": collab[1], "recall": collab[0] / collab[1]},
+                                          "ego": {"gt": 100, "recall": 0.8}}
+    return Evaluation(ap=ap, ap_ci=ci, recall_by_visibility=recall)
+
+
+def _run(folder: Path, losses, steps=72):
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"kind": "step", "epoch": 1, "step": 10, "loss": 9.0})]
+    lines += [json.dumps({"kind": "epoch", "epoch": k + 1, "steps": steps, "time_s": 10.0, "val_detection_loss": v})
+              for k, v in enumerate(losses)]
+    (folder / "train_log.jsonl").write_text("\n".join(lines) + "\n")
+    return str(folder)
+
+
+def _budget(out: Path, budget: int, figures: dict, stage1_collab=None):
+    """One budget's job folder: main rows {method_id: (ap5, ap7, collab, losses)} and a GenComm onboarding
+    row in the benchmark table, each with a run folder holding its train log."""
+    folder = out / f"budget{budget}"
+    rows = []
+    for mid, (ap5, ap7, collab, losses) in figures.items():
+        run = _run(folder / "runs" / mid, losses)
+        rows.append(ResultRow(mid, mid.replace("_", " "), _eval(ap5, ap7, collab), run=run, optimizer_steps=576 * budget,
+                              train_wall_s=100.0 * budget, ego_only=_eval(ap5 - 0.1, ap7)))
+    onboard = _run(folder / "runs" / "onboard_gencomm_m3", [1.0 / budget])
+    rows.append(ResultRow("gencomm", "GenComm (m3)", _eval(0.5, 0.2), table="heterogeneous", run=onboard,
+                          optimizer_steps=576 * budget,
+                          alliances=[Alliance(["m1"], _eval(0.4, 0.1)), Alliance(["m1", "m3"], _eval(0.55, 0.25, (3, 10)))]))
+    if stage1_collab is not None:  # the stage-1 run scored among its own type, as gencomm-infer writes it
+        run = folder / "runs" / "gencomm_stage1_m1"
+        _run(run, [0.9, 0.8])
+        (run / "checkpoints").mkdir()
+        doc = _eval(0.6, 0.3, stage1_collab).to_run_json(str(run))
+        (run / "eval_intermediate.json").write_text(json.dumps(doc))
+    Results(profile="default", seed=0, data="d", rows=rows, onboarding={}, stage1_wall_s={}, total_wall_s=1.0,
+            command=f"gencomm-reproduce --budget {budget}", commit="abc1234").write(folder / "results.json")
+
+
+def test_convergence_rule_and_ranking_settling():
+    # 1.0 -> 0.9 gains 10 %, 0.9 -> 0.885 gains 1.7 % (< 2 %): converged at 4x
+    assert converged_budget([(4, 0.885), (1, 1.0), (2, 0.9)]) == 4
+    assert converged_budget([(1, 1.0), (2, 0.9), (4, 0.8)]) is None
+    edge = 0.9 * (1.0 - CONVERGED_GAIN)
+    assert converged_budget([(1, 0.9), (2, edge - 1e-9)]) is None and converged_budget([(1, 0.9), (2, edge + 1e-9)]) == 2
+    assert converged_budget([(1, 1.0)]) is None
+    assert settled_budget({1: ["a", "b"], 2: ["b", "a"], 4: ["b", "a"], 8: ["b", "a"]}) == 2
+    assert settled_budget({1: ["a", "b"], 2: ["a", "b"], 4: ["b", "a"]}) == 4
+    assert settled_budget({1: ["a"]}) is None
+    assert budgets_upto(20) == [1, 2, 4, 8, 16] and budgets_upto(1) == [1]
+    with pytest.raises(ValueError, match="max_budget"):
+        budgets_upto(0)
+
+
+def test_points_from_budget_folders_and_the_report(tmp_path):
+    # late fusion leads at 1x, intermediate fusion from 2x on; GenComm's loss keeps falling
+    _budget(tmp_path, 1, {"late": (0.80, 0.40, (10, 100), [1.2, 1.0]), "intermediate": (0.78, 0.40, (5, 100), [1.3, 1.1]),
+                          "gencomm": (0.70, 0.30, (0, 100), [1.5, 1.4])}, stage1_collab=(0, 119))
+    _budget(tmp_path, 2, {"late": (0.81, 0.41, (11, 100), [0.99]), "intermediate": (0.83, 0.45, (20, 100), [0.9]),
+                          "gencomm": (0.75, 0.35, (8, 100), [1.2])}, stage1_collab=(30, 119))
+    _budget(tmp_path, 4, {"late": (0.81, 0.41, (11, 100), [0.985]), "intermediate": (0.84, 0.46, (21, 100), [0.89]),
+                          "gencomm": (0.78, 0.38, (12, 100), [1.0])})
+    curves = collect(tmp_path)
+    series = curves.series()
+    assert [p.budget for p in series["main/late"]] == [1, 2, 4]
+    late1 = series["main/late"][0]
+    assert late1.val_detection_loss == 1.0 and late1.optimizer_steps == 576 and late1.collaborator_only == [10, 100]
+    assert late1.ap["0.5"] == 0.80 and late1.ap_ci["0.7"] == pytest.approx([0.38, 0.42])
+    onboard = series["heterogeneous/gencomm"]
+    assert onboard[0].ap["0.5"] == 0.55 and onboard[0].collaborator_only == [3, 10]  # the whole alliance's
+    stage1 = series["gencomm_stage1_m1"]
+    assert [p.collaborator_only for p in stage1] == [[0, 119], [30, 119]] and stage1[0].val_detection_loss == 0.8
+    assert stage1[0].optimizer_steps == 144
+    assert curves.converged_at["main/late"] == 2          # 1.0 -> 0.99: 1 %
+    assert curves.converged_at["main/intermediate"] == 4  # 1.1 -> 0.9 -> 0.89
+    assert curves.converged_at["main/gencomm"] is None    # 1.4 -> 1.2 -> 1.0
+    assert curves.rankings[1] == ["late", "intermediate", "gencomm"]
+    assert curves.rankings[2] == curves.rankings[4] == ["intermediate", "late", "gencomm"]
+    assert curves.ranking_settled_at == 2
+    files = write_report(curves, tmp_path / "report")
+    assert [f.name for f in files] == ["curves.json", "CURVES.md", "curves.png"]
+    doc = json.loads(files[0].read_text())
+    assert doc["ranking_settled_at"] == 2 and doc["budgets"][0] == {"budget": 1, "command": "gencomm-reproduce --budget 1",
+                                                                   "commit": "abc1234", "total_wall_s": 1.0}
+    assert len(doc["points"]) == 3 * 3 + 3 + 2
+    md = files[1].read_text()
+    assert "| late | 0.800 / 0.400 / 10/100 / 1.000 |" in md and "| 2x |" in md
+    assert "no longer changes from 2x on" in md and "not yet |" in md
+    assert files[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_report_and_its_errors(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no budget<K>/results.json" in capsys.readouterr().err
+    _budget(tmp_path, 1, {"late": (0.8, 0.4, None, [1.0])})
+    (tmp_path / "budgetX").mkdir()
+    (tmp_path / "budgetX" / "results.json").write_text("{}")
+    assert main(["report", str(tmp_path)]) == 2
+    assert "budgetX: a budget folder is named budget<K>" in capsys.readouterr().err
+    (tmp_path / "budgetX" / "results.json").unlink()
+    bad = tmp_path / "budget1" / "runs" / "late" / "train_log.jsonl"
+    bad.write_text(bad.read_text() + "{torn\n")
+    assert main(["report", str(tmp_path)]) == 2
+    assert "train_log.jsonl: line 3 is not JSON" in capsys.readouterr().err
+    bad.write_text("")
+    assert main(["report", str(tmp_path), "-o", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "curves.png").is_file()
+    assert best_val_loss(tmp_path / "nowhere") is None
+    with pytest.raises(SystemExit):
+        main(["run", "--out", str(tmp_path), "--budgets", "1,0"])
+    assert "--budgets must be positive whole numbers" in capsys.readouterr().err
