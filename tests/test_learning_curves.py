@@ -125,3 +125,21 @@ def test_cli_report_and_its_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["run", "--out", str(tmp_path), "--budgets", "1,0"])
     assert "--budgets must be positive whole numbers" in capsys.readouterr().err
+
+
+def test_budget_scales_every_training_and_onboarding(tmp_path):
+    from opencood_ext.config_files import configs_root
+    from experiments.profiles import PROFILES
+    from experiments.reproduce import scale_budget
+    default, quick = PROFILES["default"], PROFILES["quick"]
+    assert scale_budget(default, 1, configs_root()) is default   # the same commands: earlier runs are reused
+    doubled = scale_budget(default, 2, configs_root())
+    assert doubled.overrides[-1] == "train.epochs=16" and doubled.onboard_epochs is None  # base.yaml's 8 epochs
+    q = scale_budget(quick, 4, configs_root())
+    assert q.overrides[-1] == "train.epochs=4" and q.onboard_epochs == 4  # the profile's own epochs win
+    with pytest.raises(ValueError, match="positive whole number"):
+        scale_budget(default, 0, configs_root())
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "base.yaml").write_text("train: {lr: 0.1}\n")
+    with pytest.raises(ValueError, match=r"base.yaml: field 'train.epochs'"):
+        scale_budget(default, 2, tmp_path)
