@@ -276,6 +276,8 @@ STACKS = {  # (family, type) -> reference parameters of encoder + backbone + shr
 # no documented size difference remains (under protocol reference our SECOND keeps the reference's 2 z
 # layers on DAIR's 5 m range too: 128 BEV channels into the backbone's first conv)
 EXTRA = {}
+# a config whose stack is another published yaml's: OPV2V-H's stage-1 m3 (gencomm/stage1/m3_att.yaml, three levels)
+BY_CONFIG = {("opv2v_h", "gencomm_stage1_m3", "m3"): _second() + _base_bev(128, *PP3) + _downsample(384, 128)}
 CAMERA_STAGE1 = ("gencomm_stage1_m2", "gencomm_stage1_m4")
 
 
@@ -284,6 +286,7 @@ def _count(module):
 
 
 @pytest.mark.parametrize("family,name", [("opv2v_h", "gencomm_stage1_m1"), ("opv2v_h", "gencomm_stage1_m3"),
+                                         ("opv2v_h", "gencomm_stage1_m3_for_stage2"),
                                          ("opv2v_h", "gencomm_stage1_m2"), ("opv2v_h", "gencomm_stage1_m4"),
                                          ("opv2v_h", "gencomm_stage2_m1_m2m3m4"),
                                          ("dairv2x", "gencomm_stage2_m1_m3"), ("v2xreal", "gencomm_stage2_m1_m3"),
@@ -292,7 +295,8 @@ def test_shipped_configs_build_the_reference_architecture(family, name):
     model = build_model(load_experiment(ROOT / "configs" / family / f"{name}.yaml"))
     c = model.channels
     for t, stack in model.encoders.items():
-        assert _count(stack) == STACKS[(family, t)] + EXTRA.get((family, t), 0), (family, t)
+        want = BY_CONFIG.get((family, name, t), STACKS[(family, t)] + EXTRA.get((family, t), 0))
+        assert _count(stack) == want, (family, t)
     # the camera stage 1 runs on the reference's +-51.2 m square
     assert model.grid.cell == (1.6, 1.6) and model.grid.shape == ((64, 64) if name in CAMERA_STAGE1 else (64, 128))
     classes = model.anchor_gen.num_classes
