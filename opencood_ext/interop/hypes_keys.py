@@ -84,9 +84,8 @@ KEYS: Dict[str, Rule] = {
     "data_augment": Dropped("HEAL's intermediate-fusion dataset does not apply it (only late and early "
                             "fusion do); augmentation is switched off to match"),
     "noise_setting.add_noise": Fixed((False,), "pose noise at training time (evaluate with gencomm-infer --pose_noise M,DEG)"),
-    "ego_diff_cav": Approx("data.modality", "true: the reference gives the ego an ego_modality type and every "
-                           "other agent a non-ego model type drawn at random, in training and in evaluation (its ego "
-                           "still chosen by the assignment); ours types every agent from data.modality"),
+    "ego_diff_cav": Approx("data.modality", "true: the reference types every agent after the ego with a random "
+                           "non-ego model type, in evaluation too; ours types every agent from data.modality"),
     # ---------------------------------------------------------------- heterogeneous setting
     "heter.assignment_path": Mapped("data.modality"),
     "heter.ego_modality": Mapped("data.ego_types (the first agent of an ego type in the reference's order is "
@@ -134,9 +133,7 @@ KEYS: Dict[str, Rule] = {
     "fusion.args.grid_conf": Dropped(_PLACEHOLDER),
     "fusion.args.data_aug_conf": Dropped(_PLACEHOLDER),
     "preprocess.core_method": Fixed(("SpVoxelPreprocessor",), "voxeliser"),
-    "preprocess.args.voxel_size": Mapped("model.anchors.margin (the reference's anchors lie from min + voxel size to "
-                                         "max - voxel size); checked: voxel size x anchor feature_stride = our "
-                                         "feature cell"),
+    "preprocess.args.voxel_size": Mapped("model.anchors.margin; checked: voxel x feature_stride = our feature cell"),
     "preprocess.args.max_points_per_voxel": Dropped(_PLACEHOLDER),
     "preprocess.args.max_voxel_train": Dropped(_PLACEHOLDER),
     "preprocess.args.max_voxel_test": Dropped(_PLACEHOLDER),
@@ -145,9 +142,8 @@ KEYS: Dict[str, Rule] = {
     "preprocess.anchor_generator_config": Same("per-class anchors", "postprocess.anchor_args.anchor_generator_config"),
     "postprocess.anchor_args.anchor_generator_config": Mapped(
         "model.anchors (one size, bottom height and class per entry), model.pos_iou / neg_iou per class"),
-    "postprocess.voxel_size": Mapped("model.anchors.margin where preprocess.args.voxel_size is absent (a STAMP "
-                                     "type's own post-processor: its anchors lie from min + voxel size to max - "
-                                     "voxel size); the anchors are laid on the common feature grid"),
+    "postprocess.voxel_size": Mapped("model.anchors.margin without preprocess.args.voxel_size (a STAMP type's own "
+                                     "post-processor); the anchors are laid on the common feature grid"),
     "postprocess.core_method": Fixed(("VoxelPostprocessor",), "anchor post-processor"),
     "postprocess.gt_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
     "postprocess.anchor_args.cav_lidar_range": Same(_ANCHOR_NOTE, "cav_lidar_range"),
@@ -243,9 +239,7 @@ KEYS: Dict[str, Rule] = {
     "model.args.trick": Fixed((False,), "GenComm stage 2's 'trick' (the generated feature masked to the "
                                         "sender's non-empty cells)"),
     "model.args.in_head_single": Dropped("width of the per-agent heads, built only with supervise_single"),
-    "model.args.missing_message": Mapped("model.link.missing_message: GenComm's evaluation zeroes each element of "
-                                         "every collaborator's message at random, 0.4 of them in its stage-1 model, "
-                                         "0.1 in its stage-2 model; true with another model is refused"),
+    "model.args.missing_message": Mapped("model.link.missing_message (GenComm's 0.4 / 0.1; other models: refused)"),
     "model.args.supervise_single": Mapped("model.fusion_args.occupancy_weights (heter_pyramid_collab: its "
                                           "foreground loss; any other model: must be false)"),
     "model.args.message_extractor.in_ch": Same("equal to the feature width"),
