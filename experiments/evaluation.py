@@ -166,11 +166,11 @@ class Evaluation:
                 "bytes_per_message": self.bytes_per_message, "recall_by_visibility": self.recall_by_visibility}
 
     # the fair benchmark's results.json
-    def to_combined(self, where: str) -> dict:
-        """The fair benchmark's form: ``frames`` is the records' path under the combined folder, ``where``
-        being the archive's folder there (``equalized/seed0``)."""
+    def to_combined(self) -> dict:
+        """The fair benchmark's form: ``frames`` is the records' path under the combined folder
+        (``equalized/seed0/row0.npz``), read back by :meth:`archive_fields`."""
         return {"ap": self.ap, "ap_ci": self.ap_ci, "bytes_per_message": self.bytes_per_message,
-                "frames": f"{where}/{self.records}"}
+                "frames": self.records}
 
 
 @dataclass

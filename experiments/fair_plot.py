@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from .fair_stats import Group, bench_methods, main_methods  # noqa: E402
+from .comparisons import Group  # noqa: E402
 from .method_ids import NO_FUSION_ROWS, REFERENCE  # noqa: E402
 
 SEED_MARKERS = "os^Dv<>p"  # training seed s draws SEED_MARKERS[s % 8] in every panel
@@ -35,9 +35,9 @@ def seed_points(group: Group, thr: str = "0.5") -> List[Panel]:
     """The values the figure draws for ``group``: per panel, per row, the global AP at ``thr`` of each seed
     (the main table's rows, then the benchmark's full alliance; a panel without rows is left out)."""
     arcs = group.archives
-    main = [PlotRow(m, group.name(m), [a.row(m).eval.ap["global"][thr] for a in arcs]) for m in main_methods(group)]
+    main = [PlotRow(m, group.name(m), [a.row(m).eval.ap["global"][thr] for a in arcs]) for m in group.main_methods()]
     bench = [PlotRow(m, group.name(m, "heterogeneous"), [a.bench_row(m).alliances[-1].eval.ap["global"][thr]
-                                                         for a in arcs]) for m in bench_methods(group)]
+                                                         for a in arcs]) for m in group.bench_methods()]
     panels = [("main table: m1 ego, m3 collaborators", main)]
     if bench:
         types = arcs[0].bench_row(bench[0].method_id).alliances[-1].types

@@ -22,7 +22,7 @@ from .report_family import family_section
 from .report_epochs import epoch_sections
 from .report_hetero import hetero_section
 from .results import ResultRow, Results
-from .tables import bytes_cell, short_name
+from .tables import bytes_cell, row, short_name, table
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -134,15 +134,12 @@ def _visibility_table(rows: Sequence[ResultRow]) -> list:
         return []
     groups = list(have[0].eval.recall_by_visibility)
     lines = ["", "Recall@0.5 by who sees each test object (>= 5 of an agent's LiDAR points, or its own car); "
-             "only the collaborator-only column can show what a message carries that the ego cannot see:", "",
-             "| method | " + " | ".join(g.replace("_", " ") for g in groups) + " |",
-             "|---|" + "---|" * len(groups)]
+             "only the collaborator-only column can show what a message carries that the ego cannot see:", ""]
+    cells = []
     for r in have:
-        cells = []
-        for g in groups:
-            v = r.eval.recall_by_visibility[g]
-            cells.append("-" if v["recall"] is None else f"{v['recall']:.3f} of {v['gt']}")
-        lines.append(f"| {r.method} | " + " | ".join(cells) + " |")
+        found = [r.eval.recall_by_visibility[g] for g in groups]
+        cells.append([r.method, *("-" if v["recall"] is None else f"{v['recall']:.3f} of {v['gt']}" for v in found)])
+    lines += table(["method", *(g.replace("_", " ") for g in groups)], cells)
     lines += ["", "A row counts the agents of its own alliance: for an m1-only model (no fusion) what only an m3 "
               "collaborator sees falls under nobody."]
     return lines
@@ -154,20 +151,20 @@ def _localisation_table(rows: Sequence[ResultRow]) -> list:
     have = [r for r in rows if r.eval.localisation]
     if not have:
         return []
-    lines = ["", "Box precision of the objects each method finds (best-IoU detection per test object, found = "
-             f"IoU >= {FOUND_IOU}; yaw modulo 180 deg): what separates AP@0.7 from AP@0.5:", "",
-             "| method | found | mean IoU | share reaching IoU 0.7 | median centre error | median yaw error | "
-             "share reaching 0.7, collaborator-only objects |", "|---|---|---|---|---|---|---|"]
+    cells = []
     for r in have:
         a = r.eval.localisation["all"]
         c = r.eval.localisation.get("collaborators_only", {})
         if not a["found"]:
-            lines.append(f"| {r.method} | 0 of {a['gt']} | - | - | - | - | - |")
+            cells.append([r.method, f"0 of {a['gt']}", "-", "-", "-", "-", "-"])
             continue
         collab = f"{c['share_iou_0.7']:.2f} of {c['found']}" if c.get("found") else "-"
-        lines.append(f"| {r.method} | {a['found']} of {a['gt']} | {a['mean_iou']:.3f} | {a['share_iou_0.7']:.2f} | "
-                     f"{a['median_centre_m']:.2f} m | {a['median_yaw_deg']:.1f} deg | {collab} |")
-    return lines
+        cells.append([r.method, f"{a['found']} of {a['gt']}", f"{a['mean_iou']:.3f}", f"{a['share_iou_0.7']:.2f}",
+                      f"{a['median_centre_m']:.2f} m", f"{a['median_yaw_deg']:.1f} deg", collab])
+    return ["", "Box precision of the objects each method finds (best-IoU detection per test object, found = "
+            f"IoU >= {FOUND_IOU}; yaw modulo 180 deg): what separates AP@0.7 from AP@0.5:", "",
+            *table(["method", "found", "mean IoU", "share reaching IoU 0.7", "median centre error", "median yaw error",
+                    "share reaching 0.7, collaborator-only objects"], cells)]
 
 
 def robustness_section(out: Path, rows: Sequence[ResultRow] = ()) -> list:
@@ -229,13 +226,13 @@ def steps_section(results: Results) -> list:
                                   f"by every onboarding and evaluation." if results.feature_cache else
                                   "No feature cache: every onboarding and evaluation encoded every frame.")
              + (f" Precision: {results.precision['choice']} ({results.precision['reason']})."
-                if results.precision else ""), "",
-             "| kind | steps | minutes | share |", "|---|---|---|---|"]
-    lines += [f"| {k} | {n} | {s / 60:.1f} | {s / max(total, 1e-9):.0%} |" for k, (n, s) in
-              sorted(kinds.items(), key=lambda kv: -kv[1][1])]
-    lines += [f"| **total** | {len(steps)} | **{total / 60:.1f}** | |", "", "| step | minutes |", "|---|---|"]
-    lines += [f"| {st.step} | {st.seconds / 60:.1f} |" for st in steps]
-    lines += [f"| **total** | **{total / 60:.1f}** |", ""]
+                if results.precision else ""), ""]
+    lines += table(["kind", "steps", "minutes", "share"],
+                   [[k, n, f"{s / 60:.1f}", f"{s / max(total, 1e-9):.0%}"]
+                    for k, (n, s) in sorted(kinds.items(), key=lambda kv: -kv[1][1])])
+    lines += [f"| **total** | {len(steps)} | **{total / 60:.1f}** | |", ""]  # no share: the total is all of it
+    lines += table(["step", "minutes"], [[st.step, f"{st.seconds / 60:.1f}"] for st in steps])
+    lines += [row(["**total**", f"**{total / 60:.1f}**"]), ""]
     if results.from_scratch is not None:  # results of older invocations do not say
         lines += ["From scratch: nothing existed before this invocation, so the total is the main job's whole cost."
                   if results.from_scratch else
@@ -284,18 +281,17 @@ def write_report(results: Results, out: Path) -> Path:
              f"and only re-evaluates); training itself took {_training_minutes(results):.0f} min on this machine.", "",
              "Ego m1 (PointPillars, 64-beam LiDAR); collaborators m3 (SECOND, 32-beam LiDAR) and other m1 "
              "agents, assigned m1, m3, m1, ... by agent id. " + _test_split(results) + " IoU on BEV rotated boxes.",
-             "",
-             "| method | AP@0.3 | AP@0.5 | AP@0.7 | AP@0.5 / 0.7 (per-frame order) | "
-             "AP@0.3 / 0.5 / 0.7, same weights, collaborators off | bytes per message | "
-             "trainable params | training wall time | note |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             ""]
+    cells = []
     for r in rows:
         ev, e = r.eval, r.ego_only
         solo = " / ".join(e.cell(t) for t in ("0.3", "0.5", "0.7")) if e is not None and e.ap else "-"
-        lines.append(f"| {r.method} | {ev.cell('0.3')} | {ev.cell('0.5')} | "
-                     f"{ev.cell('0.7')} | {ev.cell('0.5', 'per_frame')} / {ev.cell('0.7', 'per_frame')} | "
-                     f"{solo} | {bytes_cell(ev.bytes_per_message)} | "
-                     f"{r.trainable_params:,} | {r.train_wall_s:.0f} s | {_note(r)} |")
+        cells.append([r.method, ev.cell("0.3"), ev.cell("0.5"), ev.cell("0.7"),
+                      f"{ev.cell('0.5', 'per_frame')} / {ev.cell('0.7', 'per_frame')}", solo,
+                      bytes_cell(ev.bytes_per_message), f"{r.trainable_params:,}", f"{r.train_wall_s:.0f} s", _note(r)])
+    lines += table(["method", "AP@0.3", "AP@0.5", "AP@0.7", "AP@0.5 / 0.7 (per-frame order)",
+                    "AP@0.3 / 0.5 / 0.7, same weights, collaborators off", "bytes per message", "trainable params",
+                    "training wall time", "note"], cells)
     lines += _interval_note(rows)
     lines += differences(rows)
     lines += _visibility_table(rows)

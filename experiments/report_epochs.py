@@ -25,7 +25,7 @@ from opencood_ext.run_folder import RunFolder, dynamic_label, epoch_checkpoint, 
 from .evaluation import Alliance
 from .profiles import CAMERA_TYPES
 from .results import ResultRow, Results
-from .tables import diff_cell, threshold_index
+from .tables import diff_cell, table, threshold_index
 
 THRESHOLD = 0.5  # the IoU both sections report
 
@@ -141,13 +141,11 @@ def ap_per_epoch_lines(per_seed: Dict[int, List[ScoredRun]]) -> List[str]:
     for seed, scored in per_seed.items():
         epochs = sorted({n for s in scored for n in s.epochs})
         lines += _seed_title(seed, per_seed)
-        lines += ["| method | " + " | ".join(f"epoch {n}" for n in epochs) + " | best.pth |",
-                  "|---|" + "---|" * (len(epochs) + 1)]
-        notes = []
+        notes, rows = [], []
         for s in scored:
             cells = [(_full_ap(s.epochs[n]) + (" *" if n == s.best_epoch else "")) if n in s.epochs else "-"
                      for n in epochs]
-            lines.append(f"| {s.method} | " + " | ".join(cells) + f" | {_full_ap(s.selected)} |")
+            rows.append([s.method, *cells, _full_ap(s.selected)])
             top = max(s.epochs, key=lambda n: _ap(s.epochs[n]))
             note = f"{s.method}: highest at epoch {top} ({_ap(s.epochs[top]):.3f})"
             if s.best_epoch == top:
@@ -158,6 +156,7 @@ def ap_per_epoch_lines(per_seed: Dict[int, List[ScoredRun]]) -> List[str]:
             else:
                 note += "; onboarding.json does not say which epoch best.pth holds"
             notes.append(note + ".")
+        lines += table(["method", *(f"epoch {n}" for n in epochs), "best.pth"], rows)
         lines += [""] + [f"- {n}" for n in notes] + [""]
     return lines
 
@@ -190,16 +189,15 @@ def camera_lines(per_seed: Dict[int, List[ScoredRun]]) -> List[str]:
     for seed, scored in per_seed.items():
         epochs = sorted({n for s in scored for n in s.epochs})
         lines += _seed_title(seed, per_seed)
-        lines += ["| method | camera | best.pth | " + " | ".join(f"epoch {n}" for n in epochs) + " |",
-                  "|---|---|---|" + "---|" * len(epochs)]
-        notes = []
+        notes, rows = [], []
         for s in scored:
             for name, alliance, before in steps:
                 sel_text, sel = _diff_cell(s, alliance, before, None)
                 cells = {n: _diff_cell(s, alliance, before, epoch_checkpoint(n)) if n in s.epochs else ("-", None)
                          for n in epochs}
-                lines.append(f"| {s.method} | {name} | {sel_text} | " + " | ".join(c[0] for c in cells.values()) + " |")
+                rows.append([s.method, name, sel_text, *(c[0] for c in cells.values())])
                 notes.append(_camera_note(s.method, name, sel, {n: c[1] for n, c in cells.items() if c[1]}))
+        lines += table(["method", "camera", "best.pth", *(f"epoch {n}" for n in epochs)], rows)
         lines += [""] + [f"- {n}" for n in notes] + [""]
     return lines
 

@@ -120,14 +120,15 @@ class ResultRow:
             doc["best_epoch"] = self.best_epoch
         return doc
 
-    def to_combined(self, where: str) -> dict:
-        """The fair benchmark's results.json form; ``where``: the row's archive folder under the combined one."""
+    def to_combined(self) -> dict:
+        """The fair benchmark's results.json form (:mod:`experiments.fair_results`; the records' paths are
+        relative to the combined folder)."""
         head = {**self._id(), "method": self.method, "table": self.table, **{k: getattr(self, k) for k in RUN_FACTS},
                 "trainable_params": self.trainable_params, "train_wall_s": self.train_wall_s}
         if self.table == "main":
-            return {**head, "eval": self.eval.to_combined(where), "ego_only": self.ego_only.to_combined(where)}
-        return {**head, "onboard_method": self.onboard_method, "eval": self.alliances[-1].eval.to_combined(where),
-                "alliances": [{"types": a.types, **a.eval.to_combined(where)} for a in self.alliances]}
+            return {**head, "eval": self.eval.to_combined(), "ego_only": self.ego_only.to_combined()}
+        return {**head, "onboard_method": self.onboard_method, "eval": self.alliances[-1].eval.to_combined(),
+                "alliances": [{"types": a.types, **a.eval.to_combined()} for a in self.alliances]}
 
 
 @dataclass

@@ -170,7 +170,7 @@ def test_fair_benchmark_figure_draws_the_reports_values(tmp_path):
     """fair_benchmark.png is written beside REPORT.md, which shows it, and it draws every seed's AP@0.5
     of every row: the main table's and the benchmark's full alliance, per protocol."""
     from experiments.fair_plot import seed_points
-    from experiments.fair_stats import group_by_protocol
+    from experiments.comparisons import group_by_protocol
     folders = _archives(tmp_path)
     dest = tmp_path / "fair"
     report = write_fair_benchmark(folders, dest, resamples=50).read_text()

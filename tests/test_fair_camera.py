@@ -1,4 +1,4 @@
-"""The fair benchmark's camera question (experiments.fair_camera, issue 31 item 3): seed archives keep
+"""The fair benchmark's camera question (experiments.fair_results, issue 31 item 3): seed archives keep
 every scored onboarding epoch's alliances, and results.json / REPORT.md give what the camera adds to
 each method, per seed and pooled, with the selected weights and at every scored epoch.
 

@@ -298,7 +298,7 @@ def _pd(diff, lo, hi):
 
 def test_holds_every_seed_needs_every_seed_significant_with_the_pooled_sign():
     """The one verdict rule the seed report and the fair benchmark share."""
-    from experiments.seeds import holds_every_seed
+    from experiments.comparisons import holds_every_seed
     up, down, unsure = _pd(0.1, 0.05, 0.15), _pd(-0.1, -0.15, -0.05), _pd(0.02, -0.01, 0.05)
     assert holds_every_seed([up, up, up], _pd(0.1, 0.07, 0.13), "0.5")
     assert holds_every_seed([down, down], _pd(-0.1, -0.12, -0.08), 0.5)
