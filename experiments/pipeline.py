@@ -30,11 +30,14 @@ def found_finished(out: Path, data: Path) -> List[str]:
 
 
 def simulate(data: Path, profile: Profile, seed: int) -> None:
-    """Write the dataset (scene family ``profile.scene_family``); the simulator skips finished scenarios,
-    so a present dataset costs nothing."""
+    """Write the dataset (scene family ``profile.scene_family``; camera images only when the benchmark
+    has a camera type, which adds them to a LiDAR-only recording later, same LiDAR files); the simulator
+    skips finished scenarios, so a present dataset costs nothing."""
     w, h = profile.camera_size
+    cameras = profile.benchmark and any(t in CAMERA_TYPES for t in profile.benchmark_types)
     call(Command("gencomm-sim", ["-o", data, "--scenarios", profile.scenarios, "--frames", profile.frames,
-                                     "--seed", seed, "--split_ratio", *profile.split, "--camera_size", f"{w}x{h}",
+                                     "--seed", seed, "--split_ratio", *profile.split,
+                                     *(["--camera_size", f"{w}x{h}"] if cameras else ["--no_cameras"]),
                                      "--family", profile.scene_family,
                                      *(["--frame_interval", profile.frame_interval] if profile.frame_interval != 0.1
                                        else [])]))

@@ -88,7 +88,7 @@ def _training(config: Path, data: Path, steps: int, profile: Profile) -> Dict[st
     model = build_model(cfg).train()
     step = _step_seconds(model, _batches(cfg, "train", steps + 1, True), list(model.parameters()))
     train_frames, val_frames = _train_frames(profile)
-    per_epoch = math.ceil(train_frames / cfg.train.batch_size)
+    per_epoch = min(math.ceil(train_frames / cfg.train.batch_size), cfg.train.max_steps_per_epoch or 10 ** 9)
     val = min(math.ceil(val_frames / cfg.train.batch_size), cfg.train.max_val_batches or 10 ** 9)
     return {"step_s": step, "steps": cfg.train.epochs * per_epoch,
             "seconds": cfg.train.epochs * (per_epoch * step + val * step / 3)}  # a forward ~ a third of a step
