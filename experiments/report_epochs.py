@@ -20,7 +20,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from opencood_ext.eval.bootstrap import PairedDifference, paired_difference
 from opencood_ext.eval.records import FrameRecords
-from opencood_ext.run_folder import RunFolder, dynamic_label, epoch_checkpoint, epoch_of_checkpoint, evaluation_label
+from opencood_ext.run_folder import (CheckpointPaths, RunFolder, dynamic_label, epoch_checkpoint, epoch_of_checkpoint,
+                                     evaluation_label)
 
 from .evaluation import Alliance
 from .profiles import CAMERA_TYPES
@@ -28,6 +29,7 @@ from .results import ResultRow, Results
 from .tables import diff_cell, table, threshold_index
 
 THRESHOLD = 0.5  # the IoU both sections report
+SELECTED = CheckpointPaths(".").best.name  # the column of the selected weights: their file, as a run folder names it
 
 
 def seed_runs(runs: Path, seed: int) -> Path:
@@ -156,7 +158,7 @@ def ap_per_epoch_lines(per_seed: Dict[int, List[ScoredRun]]) -> List[str]:
             else:
                 note += "; onboarding.json does not say which epoch best.pth holds"
             notes.append(note + ".")
-        lines += table(["method", *(f"epoch {n}" for n in epochs), "best.pth"], rows)
+        lines += table(["method", *(f"epoch {n}" for n in epochs), SELECTED], rows)
         lines += [""] + [f"- {n}" for n in notes] + [""]
     return lines
 
@@ -197,7 +199,7 @@ def camera_lines(per_seed: Dict[int, List[ScoredRun]]) -> List[str]:
                          for n in epochs}
                 rows.append([s.method, name, sel_text, *(c[0] for c in cells.values())])
                 notes.append(_camera_note(s.method, name, sel, {n: c[1] for n, c in cells.items() if c[1]}))
-        lines += table(["method", "camera", "best.pth", *(f"epoch {n}" for n in epochs)], rows)
+        lines += table(["method", "camera", SELECTED, *(f"epoch {n}" for n in epochs)], rows)
         lines += [""] + [f"- {n}" for n in notes] + [""]
     return lines
 
