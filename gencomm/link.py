@@ -42,12 +42,6 @@ class GenCommLink(nn.Module):
     generation_weight: weight of the generation loss (:meth:`losses`; the reference's
         ``loss.args.generate_weight``), an MSE between generated and real features
         (stage 1; 0 in stage 2, where sender and receiver live in different semantic spaces).
-    generation_object_weight: extra weight of the generation loss on the ego cells inside ground-truth
-        boxes (grown by ``object_margin`` m): each such cell counts ``1 + generation_object_weight`` times
-        (0, the default: every covered cell alike, as the paper). A departure from the paper, for the
-        protocols that mask by coverage (native, equalized): the loss's mean is dominated by the
-        background, so a 2-channel message can lower it without carrying a single vehicle.
-    object_margin: metres each box is grown by for ``generation_object_weight``.
     wire_dtype: payload dtype on the wire in evaluation: float32, float16, int8.
     missing_message: in evaluation only, each element of every received message (channel, row,
         column) is zeroed with this probability, independently, before generation; the receiver's
@@ -60,7 +54,7 @@ class GenCommLink(nn.Module):
     def __init__(self, channels: int, agent_types: List[str], lidar_range,
                  message: Optional[dict] = None, generator: Optional[dict] = None,
                  enhancer: Optional[dict] = None, warp_before_generation: Optional[bool] = None,
-                 generation_weight: float = 1.0, generation_object_weight: float = 0.0, object_margin: float = 1.0,
+                 generation_weight: float = 1.0,
                  wire_dtype: Literal["float32", "float16", "int8"] = "float16", missing_message: float = 0.0):
         super().__init__()
         if not 0.0 <= float(missing_message) <= 1.0:
@@ -79,13 +73,6 @@ class GenCommLink(nn.Module):
         self.payload_channels = msg_ch
         self.warp_before_generation = warp_before_generation
         self.generation_weight = float(generation_weight)
-        if generation_object_weight < 0 or object_margin < 0:
-            raise ValueError(f"model.link.generation_object_weight and object_margin must be >= 0, got "
-                             f"{generation_object_weight}, {object_margin}")
-        self.generation_object_weight = float(generation_object_weight)
-        self.object_margin = float(object_margin)
-        # the fusion method fills Arrival.objects in training for a link that asks
-        self.wants_objects = self.generation_object_weight > 0
         self.wire_dtype = wire_dtype
         # the model's protocol, which decides the generation order when warp_before_generation is None
         # (:meth:`use_protocol`, set by the detector; None: the arrival's computation, native or reference)
@@ -102,9 +89,6 @@ class GenCommLink(nn.Module):
         carry only the computation, which is native under equalized too. A true
         ``warp_before_generation`` under reference is refused here, at build time, naming the key."""
         self.warps_first(protocol)
-        if protocol == "reference" and self.generation_object_weight > 0:
-            raise ValueError("model.link.generation_object_weight: protocol reference computes the reference's "
-                             "generation loss (every cell alike, before the enhancer); leave it 0 there")
         self.model_protocol = protocol
 
     def extract_before_padding(self, shapes: Dict[str, Tuple[Tuple[int, int], Tuple[int, int]]]) -> None:
@@ -238,13 +222,7 @@ class GenCommLink(nn.Module):
         if self.generation_weight <= 0 or not len(received):
             return {}
         target = warp_to_ego(sender_features.detach(), arrival.T_ego_from_sender, self.lidar_range)
-        weight = arrival.valid
-        if self.generation_object_weight > 0:
-            if arrival.objects is None:
-                raise RuntimeError("gencomm link: generation_object_weight needs the arrival's object cells "
-                                   "(Arrival.objects, filled by the fusion method in training)")
-            weight = arrival.valid * (1.0 + self.generation_object_weight * arrival.objects)
-        return {"generation": self.generation_weight * generation_loss(received, target, weight)}
+        return {"generation": self.generation_weight * generation_loss(received, target, arrival.valid)}
 
     @staticmethod
     def _reference_generation_loss(record: Optional[dict], sender_features: Tensor) -> Tensor:

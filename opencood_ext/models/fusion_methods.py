@@ -44,7 +44,6 @@ from ..comm.messages import Acceptance, Messages
 from ..comm.wire import BoxRules
 from ..data.inputs import LidarInput
 from ..data.voxelize import Voxelizer, collate_voxels, grid_shape
-from ..geometry.bev_cells import cells_in_boxes
 from ..geometry.iou import rotated_nms
 from ..postprocess import Detections, reference_merge, reference_rules
 from ..registry import Registry
@@ -359,13 +358,8 @@ class IntermediateFusion(FusionMethod):
         T = arrived.T_ego_from_sender(batch.T_ego_from_world).to(device)
         valid = warp_mask(T, model.lidar_range, (H, W), device=device)
         receiver = torch.as_tensor(arrived.receiver, device=device)
-        objects = None
-        if model.training and getattr(model.link, "wants_objects", False):
-            margin = float(getattr(model.link, "object_margin", 0.0))
-            cells = torch.stack([cells_in_boxes(g.to(device), model.lidar_range, (H, W), margin) for g in batch.gt_boxes])
-            objects = cells[receiver][:, None].to(own.dtype)
         arrival = Arrival(T, list(arrived.agent_type), own[receiver], [receivers[r] for r in arrived.receiver], valid,
-                          protocol=model.computation, objects=objects)
+                          protocol=model.computation)
         got = model.link.receive(arrived.stacked().to(device), arrival)
         losses = model.link.losses(got, feats[torch.as_tensor(arrived.source_row, device=device)], arrival) \
             if model.training else {}

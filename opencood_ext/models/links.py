@@ -26,7 +26,7 @@ registers GenComm's when imported; the heterogeneous baselines register in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Literal, Optional
+from typing import Dict, List, Literal
 
 from torch import Tensor, nn
 
@@ -47,10 +47,7 @@ class Arrival:
         receiver's own pose); sender_types: (n,) from the headers; receiver_features: (n, C, H, W)
         each receiver's own feature, ego frame; receiver_types: (n,); valid: (n, 1, H, W) the ego
         cells each sender covers. protocol: the receiving model's (``native`` or ``reference``:
-        follow the reference code's computation, which masks no cells by coverage).
-        objects: (n, 1, H, W) float, in training only and only for a link that asks for it
-        (``wants_objects``): 1 on the ego cells inside the receiver's ground-truth boxes, else 0
-        (:func:`opencood_ext.geometry.bev_cells.cells_in_boxes`, grown by the link's ``object_margin``)."""
+        follow the reference code's computation, which masks no cells by coverage)."""
 
     T_ego_from_sender: Tensor
     sender_types: List[str]
@@ -58,7 +55,6 @@ class Arrival:
     receiver_types: List[str]
     valid: Tensor
     protocol: Literal["native", "reference"] = "native"
-    objects: Optional[Tensor] = None
 
 
 @LINKS.register("full_feature")
