@@ -31,7 +31,7 @@ def entry_point(target: str):
 
 SCRIPTS = console_scripts()
 COMMANDS = {"train", "infer", "onboard", "sim", "demo", "compare", "robustness", "import-config",
-            "import-weights", "inspect-data", "reproduce", "seed-report", "fair-benchmark", "bench"}
+            "import-weights", "inspect-data", "reproduce", "seed-report", "fair-benchmark", "curves", "bench"}
 
 
 def test_every_command_is_a_console_script_that_imports():
@@ -102,6 +102,7 @@ def _missing_input_argv(tmp_path: Path):
                       "--data", str(tmp_path / "data")],
         "seed-report": ["report", str(gone)],
         "fair-benchmark": [str(gone / "seed0"), "-o", str(tmp_path / "fair")],
+        "curves": ["report", str(gone)],
         "bench": ["warp", "--model_dir", str(gone)],
     }
 
