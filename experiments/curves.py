@@ -88,7 +88,8 @@ class Curves:
 def epoch_records(run: Path) -> List[dict]:
     """The epoch records of ``run``'s train_log.jsonl ([] without one); a line that is not JSON raises
     ValueError naming the file and the line."""
-    log = Path(run) / "train_log.jsonl"
+    from opencood_ext.run_folder import RunFolder
+    log = RunFolder(run).train_log
     if not log.is_file():
         return []
     out = []
@@ -139,7 +140,7 @@ def points_of_budget(folder: Path, budget: int) -> List[CurvePoint]:
     for key, name in STAGE1_RUNS.items():
         run = folder / "runs" / name
         label = evaluation_label("intermediate")
-        if not (run / f"eval_{label}.json").is_file():
+        if not RunFolder(run).evaluation(label).is_file():
             continue
         ev = Evaluation.from_run_json(RunFolder(run).read_evaluation(label), str(run))
         ap, ci = _ap(ev)

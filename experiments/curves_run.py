@@ -36,6 +36,7 @@ def score_stage1(folder: Path, data: Path, profile_name: str, seed: int, budget:
     """Evaluate every stage-1 run of one budget's job among its own type (its own config's agents,
     intermediate fusion) on the job's test set; ``gencomm-infer --reuse`` skips a current evaluation."""
     from opencood_ext.config_files import configs_root
+    from opencood_ext.run_folder import RunFolder
     from .pipeline import evaluate_run, test_set_root
     from .profiles import PROFILES
     from .report_epochs import seed_runs
@@ -50,7 +51,8 @@ def score_stage1(folder: Path, data: Path, profile_name: str, seed: int, budget:
     scored = []
     for name in STAGE1_RUNS.values():
         run = runs / name
-        if (run / "checkpoints").is_dir():
+        weights = RunFolder(run).checkpoints
+        if weights.best.is_file() or weights.latest.is_file():  # trained by this budget's job
             evaluate_run(run, "intermediate", profile)
             scored.append(run)
     return scored
