@@ -357,6 +357,8 @@ def reader_kwargs(data: DataConfig) -> Dict[str, object]:
             p = Path(modality)
             modality = str(p if p.is_absolute() else Path(data.root) / p)
         kw["modality"] = modality
+        if data.type_mapping:  # the reader refuses an assigned type the mapping lacks, naming file and agent
+            kw["allowed_types"] = list(data.type_mapping)
         specs = data.agent_types.values()
         kw["load_cameras"] = any(s.sensor == "camera" for s in specs)
         kw["load_depth"] = any(s.sensor == "camera" and s.use_depth for s in specs)

@@ -88,15 +88,18 @@ def test_second_stage1_keeps_the_grid_and_the_32_beam_scans():
 def test_stage2_remaps_the_assignment_and_names_the_new_type(tmp_path):
     src = ASSETS / "gencomm_stage2_m1m3.yaml"
     with pytest.raises(HypesError, match=r"heter.mapping_dict.*import_config.py"):
-        convert_hypes_file(src)  # a remap needs somewhere to write the remapped assignment
+        convert_hypes_file(src)  # a remap needs somewhere to copy the assignment
     out = tmp_path / "cfg" / "stage2.yaml"
     assert import_config.main([str(src), "-o", str(out)]) == 0
     cfg = load_experiment(out)
-    remapped = Path(cfg.data.modality)
-    assert remapped == out.with_suffix(".modality.json").resolve()
-    table = json.loads(remapped.read_text())
-    assert table["2021_08_18_19_48_05"] == {"1045": "m3", "1054": "m1", "1063": "m3"}  # m4 runs as m3
-    assert table["2021_08_20_21_10_24"] == {"214": "m1", "223": "m1"}  # m2 runs as m1
+    copied = Path(cfg.data.modality)
+    assert copied == out.with_suffix(".modality.json").resolve()
+    # the assignment as the reference reads it (its ego rule tests the first agent's type before the
+    # mapping), the mapping beside it: m4 runs as m3, m2 as m1
+    table = json.loads(copied.read_text())
+    assert table["2021_08_18_19_48_05"] == {"1045": "m3", "1054": "m1", "1063": "m4"}
+    assert table["2021_08_20_21_10_24"] == {"214": "m2", "223": "m1"}
+    assert cfg.data.type_mapping == {"m1": "m1", "m2": "m1", "m3": "m3", "m4": "m3"}
     assert cfg.stage.new_types == ["m3"] and cfg.model["link"]["generation_weight"] == 0.0
     assert (cfg.train.lr_scheduler, cfg.train.milestones, cfg.train.lr) == ("multistep", [5], 0.0005)
     assert build_model(cfg).grid.shape == (64, 128)

@@ -10,8 +10,8 @@ Keys this project does not read are accepted: one WARNING line each on stderr
 read, is written as comments at the top of OUT.yaml. The converted config runs
 with protocol: reference. A heter.mapping_dict that remaps types
 (e.g. m2 -> m1) needs the assignment file: run where its path resolves (or
-above the hypes file); the remapped copy is written beside OUT as
-OUT.modality.json. docs/interop.md lists every key. ``python tools/import_config.py`` in a
+above the hypes file); it is copied unchanged beside OUT as OUT.modality.json
+and the mapping becomes data.type_mapping. docs/interop.md lists every key. ``python tools/import_config.py`` in a
 checkout runs the same command. A hypes file that cannot be read or converted is one line on stderr,
 exit status 2.
 """

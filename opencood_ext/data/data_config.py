@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional, Tuple
 
+from ..config import FieldError
 from .augment import AugmentConfig
 from .frame import VEHICLE_CLASSES
 
@@ -40,6 +41,13 @@ class DataConfig:
         and evaluation. None (default): the alliance's types minus the experiment's
         ``stage.new_types`` (a stage-2 alliance's old types, the reference's stage-2 ego), else
         every alliance type. Under ``native`` / ``equalized`` the ego is the first agent.
+    type_mapping: the type each agent runs as, by the type the assignment (``modality``: a JSON
+        path or "in_order") names: ``{m1: m1, m2: m1, m3: m3, m4: m3}`` runs m2 agents on m1's
+        stack (the reference's ``heter.mapping_dict``). Every assigned type must be a key (the
+        reader refuses a frame's other types, naming the assignment file, scenario and agent);
+        agents mapped outside ``agent_types`` are left out. Under ``protocol: reference`` the
+        ego test of a scenario's first agent reads its type BEFORE the mapping, as the
+        reference's does (:mod:`~opencood_ext.data.reference`). None: the assigned types as they are.
     lidar_range: (xmin, ymin, zmin, xmax, ymax, zmax) of the ego's detection area.
     classes: object types kept as one class (single-class detection).
     reader_options: extra reader arguments, e.g. ``{mode: vc}`` for V2X-Real or
@@ -86,6 +94,7 @@ class DataConfig:
     modality: str = "in_order"
     agent_types: Dict[str, AgentTypeData] = field(default_factory=lambda: {"m1": AgentTypeData()})
     ego_types: Optional[List[str]] = None
+    type_mapping: Optional[Dict[str, str]] = None
     lidar_range: Tuple[float, float, float, float, float, float] = (-51.2, -51.2, -3.0, 51.2, 51.2, 1.0)
     comm_range: float = 70.0
     max_agents: int = 5
@@ -111,3 +120,18 @@ class DataConfig:
         if self.ego_types is not None and (not self.ego_types or not set(self.ego_types) <= set(self.agent_types)):
             raise ValueError(f"DataConfig.ego_types must name one or more of data.agent_types "
                              f"{sorted(self.agent_types)}, got {self.ego_types!r}")
+        if self.type_mapping is not None:
+            self._check_type_mapping()
+
+    def _check_type_mapping(self):
+        mapping = self.type_mapping
+        if not mapping or not all(isinstance(k, str) and k and isinstance(v, str) and v for k, v in mapping.items()):
+            raise FieldError(f"data.type_mapping must map each assigned type to the type it runs as "
+                             f"({{m2: m1, ...}}), got {mapping!r}", "type_mapping")
+        if self.format != "opv2v" or self.modality.startswith(("all:", "cycle:")):
+            raise FieldError(f"data.type_mapping maps the types of an OPV2V-format assignment (data.modality a "
+                             f"JSON path or 'in_order'); with format {self.format!r} and modality {self.modality!r} "
+                             f"there is none to map: remove it", "type_mapping", "modality")
+        if not set(mapping.values()) & set(self.agent_types):
+            raise FieldError(f"data.type_mapping {mapping} maps every type outside data.agent_types "
+                             f"{sorted(self.agent_types)}: every agent would be left out", "type_mapping", "agent_types")

@@ -53,7 +53,8 @@ from .data_config import AgentTypeData, DataConfig  # noqa: F401  (re-exported: 
 from .errors import DataFormatError, SkippedFrame
 from .frame import AgentObs, Frame
 from .ground_truth import frame_ground_truth
-from .reference import reference_order, reference_selection, remove_own_points, side_label_ground_truth
+from .reference import (reference_ego_first, reference_order, reference_selection, remove_own_points,
+                        side_label_ground_truth)
 from .sample import AgentInput, Sample  # noqa: F401  (re-exported: the sample records live there)
 from .voxelize import Voxelizer
 
@@ -153,14 +154,23 @@ class CooperativeDataset(Dataset):
 
     # ------------------------------------------------------------------ selection
     def read_frame(self, index: int) -> Frame:
-        """The reader's frame with ``data.modality`` overrides applied to agent types (under the
-        reference protocol, agents in its order first, so a ``cycle:`` follows that order)."""
+        """The reader's frame with ``data.modality`` overrides and ``data.type_mapping`` applied to agent
+        types (under the reference protocol, agents in its order first, so a ``cycle:`` follows that
+        order, and its ego first where the mapping decides it: the first agent's type is tested as
+        assigned, :func:`~opencood_ext.data.reference.reference_ego_first`)."""
         frame = self.reader[index]
         if self.protocol == "reference":  # a new Frame: a reader's cached one keeps its order
             frame = dataclasses.replace(frame, agents=reference_order(frame.agents))
         if self.forced_types:
             for k, a in enumerate(frame.agents):
                 a.agent_type = self.forced_types[k % len(self.forced_types)]
+        mapping = self.cfg.type_mapping
+        if mapping:  # new agents: a reader's cached ones keep their assigned types
+            agents = frame.agents
+            if self.protocol == "reference" and not (self.train and self.cfg.random_ego):
+                agents = reference_ego_first(agents, self.cfg.ego_types or self.cfg.agent_types, mapping)
+            frame = dataclasses.replace(frame, agents=[dataclasses.replace(a, agent_type=mapping[a.agent_type])
+                                                       for a in agents])
         return frame
 
     def select_agents(self, frame: Frame, rng: np.random.Generator,

@@ -8,6 +8,9 @@
   too: "-1" sorts first) and every other agent follows in string order (no roadside-unit move
   then). With no agent of an ego type the order stands, as the reference's
   ``Adaptor.reorder_cav_list`` leaves it; an alliance agent leads where the first is not one.
+  With a type mapping (the reference's ``heter.mapping_dict``, our ``data.type_mapping``) the
+  first agent's type is tested as the assignment names it, BEFORE the mapping (an m2 mapped to
+  m1 is not of ego type m1), the others' after it, as ``reorder_cav_list`` tests them.
 * Selection: the first ``max_cav`` agents of that order are taken BEFORE the communication
   range and the alliance types are checked, so an agent out of range or of another type still
   uses up a place.
@@ -24,7 +27,7 @@
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -46,16 +49,21 @@ def reference_order(agents: Sequence[AgentObs]) -> List[AgentObs]:
     return out
 
 
-def reference_ego_first(agents: Sequence[AgentObs], ego_types: Iterable[str]) -> List[AgentObs]:
+def reference_ego_first(agents: Sequence[AgentObs], ego_types: Iterable[str],
+                        type_mapping: Optional[Mapping[str, str]] = None) -> List[AgentObs]:
     """The agents (in :func:`reference_order`) with the reference's ego first: the first agent when its
     type is in ``ego_types``, else the first agent of such a type in string order of the ids, the
-    others after it in string order (``Adaptor.reorder_cav_list``); unchanged when none has such a type."""
+    others after it in string order (``Adaptor.reorder_cav_list``); unchanged when none has such a type.
+
+    type_mapping: the agents carry their assigned types and this maps them (``data.type_mapping``):
+    the first agent's type is tested as assigned, the others' mapped, as the reference tests them."""
     wanted = set(ego_types)
     ordered = list(agents)
     if not ordered or ordered[0].agent_type in wanted:
         return ordered
+    mapped = (lambda t: t) if type_mapping is None else type_mapping.__getitem__
     by_id = sorted(ordered, key=lambda a: str(a.agent_id))
-    ego = next((a for a in by_id if a.agent_type in wanted), None)
+    ego = next((a for a in by_id if mapped(a.agent_type) in wanted), None)
     return ordered if ego is None else [ego] + [a for a in by_id if a is not ego]
 
 

@@ -36,7 +36,7 @@ class Conversion:
     config: our experiment config as a plain dict (``yaml()`` prints it).
     approximations / dropped: (key path, reason) of what is carried over
     approximately and what is not read by this project (:meth:`warnings`).
-    files: extra files the config refers to (a remapped modality assignment),
+    files: extra files the config refers to (a copied modality assignment),
     path -> text; :meth:`write_files` writes them.
     """
 
@@ -107,8 +107,8 @@ def _find(path: str, source: Path) -> Optional[Path]:
 
 
 def _modality(r: HypesReader, types: List[str], fmt: str, source: Path, remap_to: Optional[Path],
-              files: Dict[Path, str]) -> Optional[str]:
-    """data.modality from heter.assignment_path + heter.mapping_dict."""
+              files: Dict[Path, str], data: dict) -> Optional[str]:
+    """data.modality from heter.assignment_path + heter.mapping_dict (a remap also sets data.type_mapping)."""
     keys = r.children("heter.mapping_dict")
     mapping = {k: r.get(f"heter.mapping_dict.{k}") for k in keys}
     bad = {k: v for k, v in mapping.items() if v not in types}
@@ -138,12 +138,15 @@ def _modality(r: HypesReader, types: List[str], fmt: str, source: Path, remap_to
                                      f"{Path.cwd() / assignment}, which must exist when the data is read"))
             return str(Path.cwd() / assignment)
         return str(found)
-    # a real remap (e.g. m2 -> m1, m4 -> m3): write the assignment with the mapped types
+    # a real remap (e.g. m2 -> m1, m4 -> m3): for OPV2V-format data the assignment as the reference reads
+    # it, copied beside the converted config, and data.type_mapping (the reference tests the first agent's
+    # type before the mapping, so the assigned types are kept: data/reference.py); the other readers take
+    # no assignment (data.type_mapping is refused there): the copy has the mapped types, as before
     if found is None or remap_to is None:
-        where = "is not found" if found is None else "would need a copy with the mapped types"
+        where = "is not found" if found is None else "would need a copy beside the converted config"
         r.refuse("heter.mapping_dict", f"remaps types ({mapping}) and the assignment file {assignment} {where}; "
                                        f"convert with tools/import_config.py IN.yaml -o OUT.yaml (run where "
-                                       f"{assignment} resolves): it writes the remapped OUT.modality.json")
+                                       f"{assignment} resolves): it writes the assignment to OUT.modality.json")
         return None
     try:
         table = json.loads(found.read_text())
@@ -152,7 +155,11 @@ def _modality(r: HypesReader, types: List[str], fmt: str, source: Path, remap_to
         r.refuse("heter.assignment_path", f"{found}: not a {{scenario: {{agent: type}}}} JSON the mapping "
                                           f"covers ({type(exc).__name__}: {exc})")
         return None
-    files[remap_to] = json.dumps(remapped, indent=1, sort_keys=True)
+    if fmt == "opv2v":
+        files[remap_to] = found.read_text()  # unchanged: the reference reads its keys in the file's order
+        data["type_mapping"] = mapping
+    else:
+        files[remap_to] = json.dumps(remapped, indent=1, sort_keys=True)
     return str(remap_to.resolve())
 
 
@@ -173,7 +180,7 @@ def _data_section(r: HypesReader, types: List[str], source: Path, remap_to: Opti
         data["class_groups"] = V2XREAL_CLASS_GROUPS
     # STAMP's own collaboration: the ego type first (its model is the converted one), set by convert_hypes
     collab = r.get("model.core_method", None) in STAMP_COLLAB_MODELS and r.get("model.args.stage", "infer") == "infer"
-    modality = None if collab else _modality(r, types, fmt, source, remap_to, files)
+    modality = None if collab else _modality(r, types, fmt, source, remap_to, files, data)
     if modality is not None:
         data["modality"] = modality
     agent_types = {}
@@ -252,7 +259,7 @@ def convert_hypes(data: dict, source: Path, remap_to: Optional[Path] = None, che
     """Convert a parsed hypes mapping; raises :class:`HypesError` listing every unsupported key.
 
     source: the file (errors name it; the assignment file is searched above it).
-    remap_to: where a remapped modality assignment would be written (None: refuse remaps).
+    remap_to: where the modality assignment of a type remap is copied (None: refuse remaps).
     check: build the model and check the widths and the feature grid against the file.
     """
     source = Path(source)

@@ -90,7 +90,7 @@ KEYS: Dict[str, Rule] = {
     "heter.assignment_path": Mapped("data.modality"),
     "heter.ego_modality": Mapped("data.ego_types (the first agent of an ego type in the reference's order is "
                                  "the ego) and, for GenComm stage 2, stage.new_types (the other types)"),
-    "heter.mapping_dict.<m>": Mapped("data.modality"),
+    "heter.mapping_dict.<m>": Mapped("data.type_mapping"),
     "heter.lidar_channels_dict.<m>": Mapped("data.agent_types.<m>.lidar_beams"),
     "heter.modality_setting.<m>.sensor_type": Mapped("data.agent_types.<m>.sensor"),
     "heter.modality_setting.<m>.core_method": Mapped("model.agent_types.<m>.encoder.type"),
