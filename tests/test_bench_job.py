@@ -7,8 +7,8 @@ from experiments.profiles import PROFILES
 
 
 def test_train_frames_follow_the_simulators_split():
-    # default: 400 scenes, split 0.8 / 0.1 / 0.1 -> 320 train and 40 validation scenes of 3 frames
-    assert job_cost._train_frames(PROFILES["default"]) == (960, 120)
+    # default: 400 scenes, split 0.85 / 0.05 / 0.1 -> 340 train and 20 validation scenes of 3 frames
+    assert job_cost._train_frames(PROFILES["default"]) == (1020, 60)
     assert job_cost._train_frames(PROFILES["quick"]) == (6, 3)
 
 

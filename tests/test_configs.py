@@ -47,6 +47,10 @@ def test_config_builds(path):
         # the reference's fused width: 256 on V2X-Real, 128 elsewhere (docs/protocol.md)
         width = 256 if path.relative_to(CONFIGS).parts[0] == "v2xreal" else 128
         assert model.channels == width and model.link.safg[next(iter(model.link.safg))].num_steps == 3
+        # the simulator's stage-1 recipe weighs the generation MSE 10 (archive/stage1_formation: at the reference's
+        # 1 the collaborator path formed in some runs only); the real-data configs keep the reference's 1
+        family = path.relative_to(CONFIGS).parts[0]
+        assert model.link.generation_weight == (10.0 if family == "sim" else 1.0)
 
 
 def _train_step(path):
