@@ -14,7 +14,7 @@ from opencood_ext.models.second import SPCONV_CPU_ONLY
 from opencood_ext.runs import load_run
 from tiny_runs import gencomm_stage1_runs
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import onboard  # noqa: E402
