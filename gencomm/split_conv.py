@@ -23,7 +23,7 @@ class MessageInputConv(nn.Conv2d):
     ``forward(x)``: the plain conv on the concatenated (N, in_channels, H, W) input.
     ``forward(x, message_term)``: ``x`` is the feature part only, (N, in_channels - m, H, W), and
     ``message_term`` is :meth:`message_term` of the message; the result equals the plain conv on
-    the concatenation (to float rounding; tests/test_gencomm_link_equivalence.py).
+    the concatenation (to float rounding; tests/gencomm/test_gencomm_link_equivalence.py).
     """
 
     def message_term(self, message: Tensor) -> Tensor:

@@ -25,9 +25,10 @@ def _env(**extra):
 
 
 def _run_python(code: str, tmp_path: Path, timeout=600):
-    """``code`` in a fresh interpreter with the checkout (and tests/) on the path."""
+    """``code`` in a fresh interpreter with the checkout (and tests/helpers/) on the path."""
     return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=timeout, env=_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")])))
+                          timeout=timeout,
+                          env=_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "helpers")])))
 
 
 def _name(requirement: str) -> str:

@@ -6,7 +6,7 @@ fixture frame (docs/protocol.md, "What stays different under protocol: reference
    many voxels it fills, how many hold more than 32 points (the only ones whose kept points depend
    on the order) and how many points those drop;
 2. the maps of the hand-built reference-protocol GenComm stage-1 model of
-   tests/test_reference_e2e.py (random weights imported from the reference's layout, diffusion
+   tests/opencood_ext/models/test_reference_e2e.py (random weights imported from the reference's layout, diffusion
    noise zero), its frame voxelised with ``data.shuffle_points`` for seeds 1..N against the
    file's order and against the previous seed's shuffle (what the reference's unseeded shuffle
    does from run to run): max |change| / max |map| of the classification and regression maps.

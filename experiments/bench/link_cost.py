@@ -15,7 +15,7 @@ deformable gather. Both are run once and compared
 (``max_abs_diff_*``) before the timing; the two alternate, in turn first (ABBA), and the
 figures are medians (``current_over_straightforward``: the speed-up's inverse), also per part
 (``message_extractor_*``, ``generator_*``: that module's forward + backward alone).
-The equality itself is tested in ``tests/test_gencomm_link_equivalence.py``.
+The equality itself is tested in ``tests/gencomm/test_gencomm_link_equivalence.py``.
 """
 from __future__ import annotations
 

@@ -174,8 +174,8 @@ class Voxelizer:
     ``backend``: ``"torch"`` (:func:`voxelize_points`), ``"spconv"`` (spconv's CPU
     ``PointToVoxel``; a :class:`~opencood_ext.deps.MissingDependency` naming the choice when spconv
     is not installed) or ``"auto"``: spconv when it can be imported, else torch. Both give identical
-    tensors (``tests/test_voxelize_torch.py``). ``python tools/bench.py voxelize`` (one thread, 30k-120k
-    point clouds, PointPillars and SECOND grids, ``max_voxels`` 32000 or 70000) measured the torch
+    tensors (``tests/opencood_ext/data/test_voxelize_torch.py``). ``python tools/bench.py voxelize`` (one
+    thread, 30k-120k point clouds, PointPillars and SECOND grids, ``max_voxels`` 32000 or 70000) measured the torch
     one 0.9-1.7x spconv's time (mostly 1.2-1.5x), hence ``auto``'s preference.
     """
 

@@ -3,7 +3,7 @@
 Pure PyTorch (no compiled extension), so it runs wherever torch runs and its
 backward comes from autograd. It follows ``torchvision.ops.deform_conv2d``
 exactly (same arguments, same layouts, same bilinear/zero-border semantics);
-``tests/test_deform_conv.py`` checks it against a plain per-pixel reference
+``tests/opencood_ext/models/test_deform_conv.py`` checks it against a plain per-pixel reference
 and, where torchvision imports, against torchvision itself.
 
 Layouts (torchvision's, read from its CPU kernel ``deform_conv2d_kernel.cpp``):
@@ -31,7 +31,7 @@ automatically when cheaper, see :func:`deform_conv2d`) samples G * kh*kw * C_out
 output pixel instead, half as many for the message extractor's 128 -> 64 layer, and does it
 channels-last as one matmul plus one weighted ``embedding_bag`` gather (no ``grid_sample``, whose
 CPU backward on the (n*kk, C_out, H, W) projection cost 3.5x its forward):
-``tests/test_deform_conv_fast.py`` checks it against the per-tap ``grid_sample`` computation,
+``tests/opencood_ext/models/test_deform_conv_fast.py`` checks it against the per-tap ``grid_sample`` computation,
 forward and gradients; ``python tools/bench.py gencomm`` times it.
 """
 from __future__ import annotations
@@ -237,7 +237,7 @@ class _WeightedGather(torch.autograd.Function):
     ``rows[b, e] = r``: sorting the entries by row makes every table row one bag over ``grad`` (an
     empty bag is zero), so it is one more ``embedding_bag``, where embedding_bag's own backward
     zero-fills the (R, C) gradient and adds the entries into it one by one (about 10% of the
-    message extractor's forward + backward; ``tests/test_deform_conv_fast.py`` checks both against
+    message extractor's forward + backward; ``tests/opencood_ext/models/test_deform_conv_fast.py`` checks both against
     autograd). The weights' gradient is embedding_bag's own (the table detached)."""
 
     @staticmethod

@@ -20,7 +20,7 @@ rename), one file per agent: ``<root>/<stack digest>/<input digest>.pt``.
 
 The cached feature is the one a batch of this agent alone gives; the encoders compute each agent
 independently (convolutions per sample, BatchNorm in eval mode), so a cached and an uncached step
-agree to float rounding (``tests/test_feature_cache.py`` checks loss and gradients).
+agree to float rounding (``tests/opencood_ext/models/test_feature_cache.py`` checks loss and gradients).
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ torch. :func:`install_cpu_stream_shim` replaces that lookup with one returning 0
 CPU threads: spconv 2.3.8's CPU ``SubMConv3d`` gives wrong results with more than
 one intra-op thread, forward and backward alike (5% of the output's norm against
 a dense ``conv3d`` with 2 threads, different on every call; exact with 1: see
-``tests/test_encoders.py``). So on the CPU the sparse part runs on one thread,
+``tests/opencood_ext/models/test_encoders.py``). So on the CPU the sparse part runs on one thread,
 forward and backward (:class:`_SetThreadsInBackward` marks both ends of its part
 of the autograd graph), and everything else keeps the caller's thread count.
 """

@@ -222,7 +222,7 @@ def _single_threaded_blas():
     """While open, processes started from this one get one BLAS / OpenMP thread (where the user set
     no count). The workers already fill the cores; a BLAS thread pool in each only spins (it doubled
     the CPU time of the BEV visibility masks). One thread or several, the files came out the same
-    (tests/test_sim_speed_identity.py)."""
+    (tests/opencood_ext/sim/test_sim_speed_identity.py)."""
     saved = {k: os.environ.get(k) for k in _BLAS_THREAD_VARS}
     for k in _BLAS_THREAD_VARS:
         os.environ.setdefault(k, "1")

@@ -1,0 +1,89 @@
+"""gencomm-reproduce's options (tools/reproduce.py from a checkout) reach experiments.reproduce.reproduce;
+bad values fail before any step runs, with one line and exit status 2."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from experiments import reproduce, steps
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli():
+    """tools/reproduce.py, the checkout's wrapper: its main is experiments.reproduce.main."""
+    spec = importlib.util.spec_from_file_location("reproduce_cli", ROOT / "tools" / "reproduce.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main is reproduce.main
+    return mod
+
+
+def test_test_scenes_option_reaches_the_main_job(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake(out, data, profile, seed, seeds, **kw):
+        seen.update(kw, profile=profile)
+        (out / "REPORT.md").parent.mkdir(parents=True, exist_ok=True)
+        (out / "REPORT.md").write_text("report")
+        return out / "REPORT.md"
+    monkeypatch.setattr(reproduce, "reproduce", fake)
+    assert _cli().main(["--out", str(tmp_path), "--test_scenes", "0", "--no_benchmark"]) == 0
+    assert seen["test_scenes"] == 0 and seen["profile"] == "default" and seen["benchmark"] is False
+    assert _cli().main(["--out", str(tmp_path)]) == 0 and seen["test_scenes"] is None  # the profile's
+
+
+def test_negative_test_scenes_fail_before_anything_is_written(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(steps, "call", ran.append)
+    with pytest.raises(ValueError, match="test_scenes must be >= 0"):
+        reproduce.reproduce(tmp_path / "out", tmp_path / "data", test_scenes=-1)
+    assert ran == [] and not (tmp_path / "out").exists()
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(steps, "call", ran.append)
+    assert reproduce.main(["--out", str(tmp_path / "out"), "--test_scenes", "-1"]) == 2
+    assert reproduce.main(["--out", str(tmp_path / "out"), "--configs", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: gencomm-reproduce: test_scenes must be >= 0, got -1",
+                   f"error: gencomm-reproduce: --configs {tmp_path / 'none'}: no such folder"]
+    assert ran == []
+
+
+def test_out_and_data_are_relative_to_the_working_directory(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake(out, data, profile, seed, seeds, **kw):
+        seen.update(out=out, data=data, configs=kw["configs"], command=kw["command"])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "REPORT.md").write_text("report")
+        return out / "REPORT.md"
+    monkeypatch.setattr(reproduce, "reproduce", fake)
+    monkeypatch.chdir(tmp_path)
+    assert reproduce.main(["--quick", "--out", "o", "--data", "d", "--configs", "c"]) == 0
+    assert seen["out"] == tmp_path / "o" and seen["data"] == tmp_path / "d" and seen["configs"] == Path("c")
+    assert seen["command"] == "gencomm-reproduce --quick --out o --data d --configs c"
+
+
+@pytest.mark.parametrize("seeds, message", [("x", "expected integers separated by commas"),
+                                            ("0,0", "distinct integers >= 0"), ("1,-2", "distinct integers >= 0")])
+def test_bad_seeds_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, seeds, message):
+    monkeypatch.setattr(reproduce, "reproduce", lambda *a, **kw: pytest.fail("the main job must not start"))
+    with pytest.raises(SystemExit) as exit_:
+        _cli().main(["--out", str(tmp_path), "--seeds", seeds])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_seeds_reach_the_main_job(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake(out, data, profile, seed, seeds, **kw):
+        seen["seeds"] = seeds
+        (out / "REPORT.md").parent.mkdir(parents=True, exist_ok=True)
+        (out / "REPORT.md").write_text("report")
+        return out / "REPORT.md"
+    monkeypatch.setattr(reproduce, "reproduce", fake)
+    assert _cli().main(["--out", str(tmp_path), "--seeds", "0,1,2"]) == 0 and seen["seeds"] == [0, 1, 2]
