@@ -38,9 +38,7 @@ MODELS: Dict[str, str] = {  # reference model -> our intermediate-fusion link
 # reference models whose structure has no counterpart here: why, in one line
 _STAMP_REPO = ("STAMP's every-agent inference variant (each agent fuses with its own type's model and gets its "
                "own output); the ego's output is collab_w_adapter's, which converts: use that model name")
-REFUSED_MODELS: Dict[str, str] = {
-    "collab_w_adapter_inference": _STAMP_REPO,
-}
+REFUSED_MODELS: Dict[str, str] = {"collab_w_adapter_inference": _STAMP_REPO}
 FUSION_OPS: Dict[str, str] = {"att": "att", "max": "max"}
 # fusion.dataset -> data.format; opv2v4stamp: OPV2V read for STAMP (every agent feeds both stacks)
 DATASETS: Dict[str, str] = {"opv2v": "opv2v", "v2xset": "opv2v", "dairv2x": "dairv2x", "v2xreal": "v2xreal",
@@ -381,9 +379,7 @@ _COMPILED = [(compile_pattern(p), r) for p, r in KEYS.items()]
 # computes, so an unknown key under one of them is refused, not warned about.
 STRICT_SECTIONS: Tuple[str, ...] = (
     "model.args.<m>.encoder_args", "model.args.<m>.backbone_args", "model.args.<m>.shrink_header",
-    "model.args.gencomm", "model.args.message_extractor", "model.args.<m>.<ar:adapter|reverter>",
-    "loss_adapter",
-)
+    "model.args.gencomm", "model.args.message_extractor", "model.args.<m>.<ar:adapter|reverter>", "loss_adapter")
 _STRICT = [re.compile(compile_pattern(p).pattern[:-2] + r"\.") for p in STRICT_SECTIONS]
 
 

@@ -30,17 +30,14 @@ Run folder (rank 0 writes; ``config.yaml`` is the CLI's; names: :class:`~opencoo
         {"kind": "epoch", <TrainResult.history entry>}   (val_loss, val_detection_loss, best_epoch)
         {"kind": "resume", "epoch", "step_in_epoch", "global_step"}
 
-Epochs are numbered from 1. Resume: ``fit()`` on a run folder holding
-``latest.pth`` continues from it (after a kill at any instant the folder is made
-consistent first, see :mod:`.runfolder`: stale temporary files go, a corrupt
-latest.pth falls back to the newest intact epoch file, log records and best.pth
-follow the resume point). Each epoch's sample order is a pure function
-of (seed, epoch, rank, world size), so an epoch interrupted after a mid-epoch
-checkpoint (``checkpoint_every_steps``) continues at the next unseen batch;
-without one it restarts from its beginning; it is never skipped. With
-``num_workers=0`` a resumed run reproduces the uninterrupted one bit for bit
-on CPU (RNG states are restored); with workers the data order is the same but
-worker-side augmentation draws are not.
+Epochs are numbered from 1. Resume: ``fit()`` on a run folder holding ``latest.pth`` continues from it
+(after a kill at any instant the folder is made consistent first, see :mod:`.runfolder`: stale temporary
+files go, a corrupt latest.pth falls back to the newest intact epoch file, log records and best.pth
+follow the resume point). Each epoch's sample order is a pure function of (seed, epoch, rank, world
+size), so an epoch interrupted after a mid-epoch checkpoint (``checkpoint_every_steps``) continues at the
+next unseen batch; without one it restarts from its beginning; it is never skipped. With
+``num_workers=0`` a resumed run reproduces the uninterrupted one bit for bit on CPU (RNG states are
+restored); with workers the data order is the same but worker-side augmentation draws are not.
 
 DDP: launch with torchrun; every rank builds the same model, the Trainer
 joins the process group (:func:`~opencood_ext.training.distributed.init_distributed`),
