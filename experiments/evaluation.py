@@ -183,11 +183,6 @@ class Alliance:
     onboard_params: Optional[int] = None
     onboard_gflops: Optional[Number] = None
 
-    @property
-    def label(self) -> str:
-        """The alliance's evaluation label in a run folder (``dyn_m1+m3``)."""
-        return evaluation_label(alliance=self.types)
-
     @classmethod
     def run_json_fields(cls, doc: dict, checkpoint: Optional[str] = None) -> dict:
         """An ``eval_dynamic[_<checkpoint>].json`` entry as this class's fields; the records are the
