@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """``python tools/fair_readme.py [--archive archive/fair_benchmark] [--readme README.md] [--check]`` from a
-checkout runs :mod:`experiments.fair_readme`: the README's fair-benchmark tables, regenerated from the
-combined archive's results.json (between the README's marker lines only)."""
+checkout runs :mod:`experiments.fair_readme`: the fair benchmark's tables (into the archive's README) and
+the README's headline, regenerated from the combined archive's results.json (between each file's marker
+lines only)."""
 import sys
 from pathlib import Path
 
