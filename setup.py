@@ -42,6 +42,7 @@ INSTALL_REQUIRES = [
     "matplotlib>=3.8",
     "tensorboard>=2.16",
     "diffusers>=0.27",
+    "cryptography>=42.0",  # Ed25519 per-sender message signatures
 ]
 
 

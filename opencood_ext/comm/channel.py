@@ -25,10 +25,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, List, Optional, Sequence, Tuple
+from typing import Deque, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .signing import SenderKeys
 from .wire import MessageError, _unpack_header, _with_pose
 
 
@@ -109,12 +110,13 @@ def noisy_pose(pose: np.ndarray, d: Draw) -> np.ndarray:
 
 
 def apply_channel(data: bytes, config: ChannelConfig, key: Sequence[int],
-                  signing_key: Optional[bytes] = None) -> Optional[bytes]:
+                  signing_key: Union[bytes, SenderKeys, None] = None) -> Optional[bytes]:
     """One encoded packet through the channel: None when lost, else the packet with its header pose
     perturbed. A packet whose header cannot be parsed passes through untouched (the receiver
     rejects it). Pose noise stands for the sender's own localisation error, so it is part of what
-    the sender signs: a signed packet is signed again with ``signing_key`` (the alliance key);
-    without it the perturbed packet keeps its old signature, which no longer matches."""
+    the sender signs: a signed packet is signed again with ``signing_key`` (the alliance key, or the
+    senders' own keys, :class:`~.signing.SenderKeys`, same sequence number); without it the
+    perturbed packet keeps its old signature, which no longer matches."""
     if config.perfect:
         return data
     try:
@@ -131,8 +133,9 @@ def apply_channel(data: bytes, config: ChannelConfig, key: Sequence[int],
 
 class ChannelEffects:
     """The live demo's channel: :func:`apply_channel` at each tick (the tick is the draw key),
-    then delivery ``latency_ticks`` ticks later, in send order. ``signing_key``: the alliance key
-    signed packets are signed again with after pose noise (set by the live loop; None = unsigned)."""
+    then delivery ``latency_ticks`` ticks later, in send order. ``signing_key``: the alliance key or
+    the senders' keys signed packets are signed again with after pose noise (set by the live loop;
+    None = unsigned)."""
 
     def __init__(self, pose_noise_std_m: float = 0.0, pose_noise_std_deg: float = 0.0,
                  drop_prob: float = 0.0, latency_ticks: int = 0, seed: Optional[int] = None):
@@ -144,7 +147,7 @@ class ChannelEffects:
         self._queue: Deque[Tuple[int, bytes]] = deque()
         self._tick = 0
         self.sent = self.dropped = self.delivered = 0
-        self.signing_key: Optional[bytes] = None
+        self.signing_key: Union[bytes, SenderKeys, None] = None
 
     def step(self, packets: Sequence[bytes]) -> List[bytes]:
         """Send this tick's packets; return those delivered this tick (in send order)."""

@@ -14,12 +14,12 @@ On the wire (little-endian)::
 
     offset size field
          0    4 magic            b"GCMM"
-         4    2 version          uint16 (1)
+         4    2 version          uint16: 1, 2 or 3 (the trailer below)
          6    1 dtype code       uint8: 1 float32, 2 float16, 3 int8, 4 uint8, 5 uint16
          7    1 kind code        uint8 (table above); 0 in every packet written before kinds existed
          8    8 sender_id        int64
         16   16 agent_type       ASCII, NUL-padded (at most 16 bytes, no NUL inside)
-        32    8 timestamp        float64, seconds
+        32    8 timestamp        float64, the data's time in its source's ticks (receiver.tick_s each)
         40  128 pose             16 float64, T_world_from_sender row-major
        168   12 shape            3 uint32
        180    8 scale            float64, int8 step (value = code * scale); 1.0 otherwise
@@ -27,12 +27,14 @@ On the wire (little-endian)::
        196    4 payload CRC32    zlib.crc32 of the payload
        200    4 header CRC32     zlib.crc32 of bytes [0, 200)
        204    . payload          prod(shape) values, C order
-         .   32 signature        version 2 only: HMAC-SHA256 of every byte before it (header + payload)
+         .    . trailer          version 1: none; 2: 32-byte HMAC-SHA256 of every byte before it;
+                                 3: sequence, generation time, Ed25519 signature (80 bytes)
 
-Version 1 packets are unsigned; version 2 packets carry the signature (:func:`sign`), made with
-the alliance's shared key. A receiver with a key refuses unsigned and wrongly signed packets
-before it looks at the payload; a receiver without one decodes both versions (it cannot check a
-signature). The signature counts in the message's bytes (:func:`message_nbytes`, ``signed``).
+Version 1 is unsigned; version 2 signed with the alliance's shared HMAC key; version 3 by the
+sender's own Ed25519 key, with a sequence number and generation time (:mod:`.signing`). A receiver
+with a key (``Limits.key``) or a key registry (``Limits.registry``) refuses other versions and wrong
+signatures before it reads the payload; one with neither decodes every version unchecked. The
+trailer counts in the message's bytes (:func:`message_nbytes`, ``signed``).
 
 int8 is symmetric quantisation: ``scale = max|x| / 127`` (1.0 for an all-zero
 payload), ``code = round(x / scale)`` in [-127, 127], so the error is at most
@@ -51,8 +53,6 @@ format is 18,022,604 B. Payload ratios are exactly 64 (float32) and 256
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
 import struct
 import zlib
@@ -62,10 +62,10 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .signing import (SIGNATURE_SIZE, SIGNED_BYTES, STAMP, TRAILER_SIZE, TRAILERS, VERSION, VERSION_SENDER,
+                      VERSION_SIGNED, KeyRegistry, Signer, refusal, signature)
+
 MAGIC = b"GCMM"
-VERSION = 1  # unsigned
-VERSION_SIGNED = 2  # followed by a SIGNATURE_SIZE-byte HMAC-SHA256 of header + payload
-SIGNATURE_SIZE = hashlib.sha256().digest_size
 HEADER = struct.Struct("<4sHBBq16sd16d3IdQI")
 HEADER_SIZE = HEADER.size + 4  # plus the header CRC
 DTYPES = {"float32": (1, np.dtype("<f4")), "float16": (2, np.dtype("<f2")), "int8": (3, np.dtype("i1")),
@@ -96,7 +96,8 @@ class Message:
     timestamp: seconds; pose: T_world_from_sender (4, 4) float64;
     payload: tensor or array in the sender's frame, shaped by ``kind`` (module
     docstring); decode returns a float32 torch tensor (int64 for ``codes``).
-    kind: "bev", "boxes", "points" or "codes".
+    kind: "bev", "boxes", "points" or "codes". sequence / generation_time (seconds of the
+    sender's clock): what a version 3 packet's trailer carried (None for versions 1 and 2).
     """
     sender_id: int
     agent_type: str
@@ -104,6 +105,8 @@ class Message:
     pose: np.ndarray
     payload: Union[torch.Tensor, np.ndarray]
     kind: str = "bev"
+    sequence: Optional[int] = None
+    generation_time: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,8 @@ class Limits:
     scaling; None = no bound beyond finiteness); max_translation: largest |t| (metres, each axis)
     of the header's pose T_world_from_sender; boxes: box contents (:class:`BoxRules`, kind
     ``boxes`` only; None = unchecked); key: the alliance's HMAC key: when set, only packets signed
-    with it are accepted (never printed)."""
+    with it are accepted (never printed); registry: the alliance's Ed25519 public keys: when set,
+    only version 3 packets signed by their sender's registered, unrevoked key are accepted."""
 
     max_elements: int = MAX_ELEMENTS
     max_abs: Optional[float] = None
@@ -135,6 +139,7 @@ class Limits:
     max_translation: Optional[float] = None
     boxes: Optional[BoxRules] = None
     key: Optional[bytes] = field(default=None, repr=False, compare=False)
+    registry: Optional[KeyRegistry] = field(default=None, compare=False)
 
 
 def check_pose(pose, what: str = "pose", max_translation: Optional[float] = None) -> np.ndarray:
@@ -189,10 +194,16 @@ def _payload_array(payload, kind: str) -> np.ndarray:
     return arr
 
 
-def encode(msg: Message, dtype: str = "float32", key: Optional[bytes] = None) -> bytes:
+def encode(msg: Message, dtype: str = "float32", key: Optional[bytes] = None, signer: Optional[Signer] = None,
+           generation_time: Optional[float] = None) -> bytes:
     """Serialise ``msg``; dtype float32 / float16 / int8 (uint8 / uint16 for codes); ``key``: the
-    alliance's HMAC key, to sign it (version 2), or None (unsigned, version 1).
-    Raises MessageError on bad fields."""
+    alliance's HMAC key, to sign it (version 2); ``signer``: the sender's own key, to sign it with
+    its next sequence number and ``generation_time`` (seconds of its clock; default the message's
+    timestamp) (version 3); neither: unsigned, version 1. Raises MessageError on bad fields."""
+    if key is not None and signer is not None:
+        raise MessageError("sign with the alliance key or with the sender's own key, not both")
+    if signer is not None and int(signer.sender_id) != int(msg.sender_id):
+        raise MessageError(f"signer: sender {signer.sender_id}'s key cannot sign a message from sender {msg.sender_id}")
     if dtype not in DTYPES:
         raise MessageError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     kind = msg.kind
@@ -224,16 +235,16 @@ def encode(msg: Message, dtype: str = "float32", key: Optional[bytes] = None) ->
             raise MessageError(f"payload exceeds the {dtype} range (|x| <= {np.finfo(wire).max})")
         data = arr.astype(wire)
     body = data.tobytes(order="C")
-    version = VERSION if key is None else VERSION_SIGNED
+    version = VERSION_SENDER if signer is not None else VERSION if key is None else VERSION_SIGNED
     head = HEADER.pack(MAGIC, version, code, KINDS[kind][0], int(msg.sender_id), type_bytes, float(msg.timestamp),
                        *pose.reshape(-1), *arr.shape, scale, len(body), zlib.crc32(body))
     packet = head + struct.pack("<I", zlib.crc32(head)) + body
+    if signer is not None:
+        when = float(msg.timestamp if generation_time is None else generation_time)
+        if not math.isfinite(when):
+            raise MessageError(f"generation time must be finite, got {when}")
+        return packet + signer.seal(packet, when)
     return packet if key is None else packet + signature(packet, key)
-
-
-def signature(signed_bytes: bytes, key: bytes) -> bytes:
-    """The SIGNATURE_SIZE-byte HMAC-SHA256 of ``signed_bytes`` (header + payload) under ``key``."""
-    return hmac.new(key, signed_bytes, hashlib.sha256).digest()
 
 
 def _unpack_header(data: bytes) -> tuple:
@@ -243,24 +254,12 @@ def _unpack_header(data: bytes) -> tuple:
     fields = HEADER.unpack(head)
     if fields[0] != MAGIC:
         raise MessageError(f"bad magic: {fields[0]!r}, expected {MAGIC!r}")
-    if fields[1] not in (VERSION, VERSION_SIGNED):
-        raise MessageError(f"unsupported version: {fields[1]}, expected {VERSION} or {VERSION_SIGNED}")
+    if fields[1] not in TRAILERS:
+        raise MessageError(f"unsupported version: {fields[1]}, expected one of {sorted(TRAILERS)}")
     (head_crc,) = struct.unpack_from("<I", data, HEADER.size)
     if zlib.crc32(head) != head_crc:
         raise MessageError("header CRC mismatch (corrupted header)")
     return fields
-
-
-def _check_signature(data: bytes, signed: bool, length: int, key: Optional[bytes]) -> None:
-    """With ``key``: raise MessageError unless ``data`` is a signed packet whose signature matches
-    (constant-time compare). Without: nothing to check."""
-    if key is None:
-        return
-    if not signed:
-        raise MessageError("unsigned: this receiver accepts only messages signed with the alliance key")
-    end = HEADER_SIZE + length
-    if not hmac.compare_digest(signature(memoryview(data)[:end], key), bytes(data[end:end + SIGNATURE_SIZE])):
-        raise MessageError("bad signature: not signed with the alliance key, or changed after signing")
 
 
 def check_boxes(values: np.ndarray, rules: BoxRules, tol: float = 0.0) -> np.ndarray:
@@ -300,7 +299,7 @@ def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
     ``max_abs``; box contents under ``limits.boxes``)."""
     limits = limits or Limits()
     f = _unpack_header(data)
-    signed = f[1] == VERSION_SIGNED
+    version = f[1]
     code, kind_code, sender_id, type_bytes, timestamp = f[2], f[3], f[4], f[5], f[6]
     pose = np.array(f[7:23], dtype=np.float64).reshape(4, 4)
     shape, scale, length, crc = tuple(f[23:26]), f[26], f[27], f[28]
@@ -321,12 +320,17 @@ def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
                            f"({limits.max_elements})")
     if length != math.prod(shape) * wire.itemsize:
         raise MessageError(f"payload length: {length} does not match shape {shape} of {name}")
-    total = HEADER_SIZE + length + (SIGNATURE_SIZE if signed else 0)
+    total = HEADER_SIZE + length + TRAILERS[version]
     if len(data) != total:
         kind_err = "truncated" if len(data) < total else "trailing bytes"
-        note = f" (a version {VERSION_SIGNED} packet ends with a {SIGNATURE_SIZE}-byte signature)" if signed else ""
+        note = f" (a version {version} packet ends with a {TRAILERS[version]}-byte trailer)" if TRAILERS[version] else ""
         raise MessageError(f"{kind_err}: {len(data)} bytes, expected {total}{note}")
-    _check_signature(data, signed, length, limits.key)
+    reason = refusal(data, version, sender_id, HEADER_SIZE + length, limits.key, limits.registry)
+    if reason is not None:
+        raise MessageError(reason)
+    sequence, generation_time = STAMP.unpack_from(data, HEADER_SIZE + length) if version == VERSION_SENDER else (None, None)
+    if generation_time is not None and not math.isfinite(generation_time):
+        raise MessageError("generation time is not finite")
     body = memoryview(data)[HEADER_SIZE:HEADER_SIZE + length]
     if zlib.crc32(body) != crc:
         raise MessageError("payload CRC mismatch (corrupted payload)")
@@ -343,8 +347,8 @@ def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
     check_pose(pose, max_translation=limits.max_translation)
     raw = np.frombuffer(body, dtype=wire).reshape(shape)
     if kind == "codes":
-        return Message(sender_id=sender_id, agent_type=agent_type, timestamp=timestamp, pose=pose,
-                       payload=torch.from_numpy(raw.astype(np.int64)), kind=kind)
+        return Message(sender_id, agent_type, timestamp, pose, torch.from_numpy(raw.astype(np.int64)), kind,
+                       sequence, generation_time)
     values = raw.astype(np.float32)
     if name == "int8":
         values *= np.float32(scale)
@@ -356,20 +360,24 @@ def decode(data: bytes, limits: Optional[Limits] = None) -> Message:
                                f"bound {limits.max_abs:g}")
     if kind == "boxes" and limits.boxes is not None:
         values = check_boxes(values, limits.boxes, tol=scale / 2 if name == "int8" else 0.0)
-    return Message(sender_id=sender_id, agent_type=agent_type, timestamp=timestamp, pose=pose,
-                   payload=torch.from_numpy(values), kind=kind)
+    return Message(sender_id, agent_type, timestamp, pose, torch.from_numpy(values), kind, sequence, generation_time)
 
 
-def _with_pose(data: bytes, pose: np.ndarray, key: Optional[bytes] = None) -> bytes:
+def _with_pose(data: bytes, pose: np.ndarray, key=None) -> bytes:
     """Rewrite the pose of an encoded message (header CRC recomputed); payload untouched. A signed
-    packet is signed again with ``key``; without it, its old signature no longer matches."""
+    packet is signed again: version 2 with ``key`` (the alliance key), version 3 by its sender's
+    :class:`~.signing.Signer` in ``key`` (a :class:`~.signing.SenderKeys`; same sequence and time);
+    without it, its old signature no longer matches."""
     f = list(_unpack_header(data))
     f[7:23] = [float(v) for v in pose.reshape(-1)]
     head = HEADER.pack(*f)
-    packet = head + struct.pack("<I", zlib.crc32(head)) + data[HEADER_SIZE:HEADER_SIZE + f[27]]
-    if f[1] != VERSION_SIGNED:
-        return packet + data[HEADER_SIZE + f[27]:]
-    return packet + (signature(packet, key) if key is not None else data[HEADER_SIZE + f[27]:])
+    end = HEADER_SIZE + f[27]
+    packet = head + struct.pack("<I", zlib.crc32(head)) + data[HEADER_SIZE:end]
+    trailer = data[end:]
+    if f[1] == VERSION_SIGNED and isinstance(key, (bytes, bytearray)):
+        return packet + signature(packet, key)
+    signer = key.get(f[4]) if f[1] == VERSION_SENDER and hasattr(key, "get") else None
+    return packet + (signer.reseal(packet, trailer) if signer is not None else trailer)
 
 
 def header_pose(data: bytes) -> np.ndarray:
@@ -377,15 +385,16 @@ def header_pose(data: bytes) -> np.ndarray:
     return np.array(_unpack_header(data)[7:23], dtype=np.float64).reshape(4, 4)
 
 
-def message_nbytes(message_shape: Sequence[int], dtype: str = "float32", signed: bool = False) -> int:
-    """Bytes on the wire (header, and the signature when ``signed``, included) for a payload of
-    ``message_shape`` in ``dtype``."""
+def message_nbytes(message_shape: Sequence[int], dtype: str = "float32", signed: Union[bool, str] = False) -> int:
+    """Bytes on the wire for a payload of ``message_shape`` in ``dtype``, the header and the
+    trailer of ``signed`` included: False (0 bytes), True or "hmac" (32), "ed25519" (80)."""
     if dtype not in DTYPES:
         raise MessageError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return (HEADER_SIZE + math.prod(int(s) for s in message_shape) * DTYPES[dtype][1].itemsize
-            + (SIGNATURE_SIZE if signed else 0))
+    if signed not in SIGNED_BYTES:
+        raise MessageError(f"signed must be one of {list(SIGNED_BYTES)}, got {signed!r}")
+    return HEADER_SIZE + math.prod(int(s) for s in message_shape) * DTYPES[dtype][1].itemsize + SIGNED_BYTES[signed]
 
 
 __all__ = ["Message", "MessageError", "Limits", "BoxRules", "encode", "decode", "check_pose",
            "check_shape", "check_boxes", "signature", "header_pose", "message_nbytes", "HEADER_SIZE",
-           "SIGNATURE_SIZE", "VERSION", "VERSION_SIGNED", "KINDS", "FLOAT_DTYPES", "CODE_DTYPES"]
+           "SIGNATURE_SIZE", "TRAILER_SIZE", "VERSION", "VERSION_SIGNED", "VERSION_SENDER", "KINDS", "FLOAT_DTYPES", "CODE_DTYPES"]
