@@ -12,8 +12,10 @@ CARLA; without one it runs the same loop on the built-in world.
 ``live`` prints running AP and bytes per tick, writes a bird's-eye PNG per tick
 and an animated GIF (``--out``, default RUN/live); ``--show`` also opens a
 matplotlib window when a display is available. The receiver follows the run's
-``receiver:`` config (bounds, budgets, ``max_age``, the alliance key), changed with
-``--set``; rejected messages are counted per rule in ``live_summary.json``.
+``receiver:`` config (bounds, budgets, ``max_age`` in seconds, the alliance key or per-sender
+keys), changed with ``--set``; rejected messages are counted per rule in ``live_summary.json``.
+Both worlds tick 0.05 s and show a frame every 2 ticks (0.1 s); the demo says so when it starts and
+sets ``receiver.tick_s`` to the world's tick, so ``--latency 1`` makes every message 0.1 s old.
 Messages travel the model's own transport, as in evaluation: the wire dtype is the run's
 ``model.link.wire_dtype`` (``--wire_dtype X`` is ``--set model.link.wire_dtype=X``), and the
 channel adds ``--latency`` ticks, ``--drop`` loss and ``--pose_noise_m`` / ``--pose_noise_deg``.
@@ -100,7 +102,9 @@ def cmd_live(args) -> int:
                                  f"{model.fusion} fusion, which sends no link payload")
             effects = ChannelEffects(pose_noise_std_m=args.pose_noise_m, pose_noise_std_deg=args.pose_noise_deg,
                                      drop_prob=args.drop, latency_ticks=args.latency, seed=args.seed)
-            live = LiveCooperation(cfg, model, effects)
+            live = LiveCooperation(cfg, model, effects, tick_s=world.timestamp_s)
+            print(f"[carla_demo] clock: timestamps count the world's {world.timestamp_s:g} s ticks; "
+                  f"receiver.max_age and max_future are seconds; signing: {model.security.mode}", file=sys.stderr)
         except USER_ERRORS + (ValueError,) as exc:
             return report(exc)
         out = args.out or args.model_dir / "live"
@@ -131,7 +135,8 @@ def _live_loop(args, world, backend, live, view, out) -> int:
                "animation": str(animation) if animation else None, "sent": live.effects.sent,
                "dropped": live.effects.dropped, "delivered": live.effects.delivered,
                "rejected": live.total_rejected, "rejected_reasons": dict(live.rejected_reasons),
-               "authenticated": live.model.authenticated}
+               "authenticated": live.model.authenticated, "signing": live.model.security.mode,
+               "tick_s": live.model.receiver.tick_s}
     (Path(out) / "live_summary.json").write_text(json.dumps({k: (str(v) if isinstance(v, Path) else v)
                                                              for k, v in summary.items()}, indent=2, default=str))
     print(f"frames in {view.frames_dir}; animation {animation}")
@@ -167,8 +172,8 @@ def main(argv=None) -> int:
                       help="the link's payload dtype: writes model.link.wire_dtype (default: the run's)")
     live.add_argument("--show", action="store_true", help="also open a live matplotlib window")
     live.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                      help="override the run's config, e.g. the receiver's bounds and alliance key: "
-                           "--set receiver.max_age=2 --set receiver.key_env=GENCOMM_ALLIANCE_KEY")
+                      help="override the run's config, e.g. the receiver's bounds (max_age in seconds) and "
+                           "keys: --set receiver.max_age=0.5 --set receiver.key_env=GENCOMM_ALLIANCE_KEY")
     _add_backend_args(live)
     rec = sub.add_parser("record", help="record OPV2V-H-format data")
     rec.add_argument("-o", "--out", type=Path, required=True)

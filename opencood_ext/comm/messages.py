@@ -37,10 +37,12 @@ import torch
 from torch import Tensor
 
 from .channel import ChannelConfig, ChannelEffects, apply_channel
-from .receiver import FrameBudget, ReceiverConfig
+from .receiver import FrameBudget, ReceiverConfig, Security
+from .signing import KeyRegistry, ReplayWindow, SenderKeys
 from .wire import BoxRules, Limits, Message, MessageError, decode, encode
 
 log = logging.getLogger(__name__)
+TIME_TOL_S = 1e-6  # ages within a microsecond of max_age / max_future count as at the bound (float rounding)
 
 
 @dataclass
@@ -114,10 +116,12 @@ class Acceptance:
     kind: the payload kind it reads. shape: the exact payload shape, or None (boxes and points
     vary in length; ``max_rows`` and ``max_elements`` still bound them). agent_types: the
     alliance's types it knows (None = any). max_abs: largest |value| a payload may carry.
-    max_age / max_future: largest ``now - timestamp`` / ``timestamp - now`` (None = any).
+    max_age / max_future: largest age / lead (seconds) of the message's generation time (version
+    3) or its timestamp times ``tick_s`` (seconds per timestamp unit) over the receiver's now (None = any).
     max_translation: largest |t| (m, each axis) of the sender's pose. max_rows: most boxes /
     points in one message. max_bytes: largest packet. boxes: box contents (late fusion).
     key: the alliance's HMAC key (only messages signed with it are accepted; never printed).
+    registry: the alliance's Ed25519 public keys (only messages signed by their sender's key are).
     The payload size, row count and packet size are checked from the header, before decoding."""
 
     kind: str
@@ -132,19 +136,23 @@ class Acceptance:
     max_bytes: Optional[int] = None
     boxes: Optional[BoxRules] = None
     key: Optional[bytes] = field(default=None, repr=False, compare=False)
+    registry: Optional[KeyRegistry] = field(default=None, compare=False)
+    tick_s: float = 0.05
 
     def limits(self) -> Limits:
         n = math.prod(self.shape) if self.shape is not None else self.max_elements
         return Limits(max_elements=min(n, self.max_elements), max_abs=self.max_abs, max_rows=self.max_rows,
-                      max_translation=self.max_translation, boxes=self.boxes, key=self.key)
+                      max_translation=self.max_translation, boxes=self.boxes, key=self.key, registry=self.registry)
 
-    def bounded_by(self, receiver: ReceiverConfig, key: Optional[bytes] = None) -> "Acceptance":
-        """This acceptance under a ``receiver:`` config's bounds, and the alliance ``key``."""
+    def bounded_by(self, receiver: ReceiverConfig, security: Optional[Security] = None) -> "Acceptance":
+        """This acceptance under a ``receiver:`` config's bounds and clock, and the keys it loaded."""
+        security = security or Security()
         rows = {"boxes": receiver.max_boxes, "points": receiver.max_points}.get(self.kind)
         boxes = dataclasses.replace(self.boxes, max_size=receiver.max_box_size_m) if self.boxes else None
         return dataclasses.replace(self, max_abs=receiver.max_abs, max_age=receiver.max_age,
                                    max_future=receiver.max_future, max_translation=receiver.max_translation_m,
-                                   max_rows=rows, max_bytes=receiver.max_message_bytes, boxes=boxes, key=key)
+                                   max_rows=rows, max_bytes=receiver.max_message_bytes, boxes=boxes,
+                                   key=security.hmac_key, registry=security.registry, tick_s=receiver.tick_s)
 
     def check(self, msg: Message, now: Optional[float] = None) -> Optional[str]:
         """None when ``msg`` (decoded) is usable, else the reason."""
@@ -154,10 +162,17 @@ class Acceptance:
             return f"payload shape {tuple(msg.payload.shape)}, this receiver needs {tuple(self.shape)}"
         if self.agent_types is not None and msg.agent_type not in self.agent_types:
             return f"unknown agent type {msg.agent_type!r} (known: {sorted(self.agent_types)})"
-        if self.max_age is not None and now is not None and now - msg.timestamp > self.max_age:
-            return f"stale: sent at {msg.timestamp:g}, now {now:g}, older than {self.max_age:g}"
-        if self.max_future is not None and now is not None and msg.timestamp - now > self.max_future:
-            return f"from the future: sent at {msg.timestamp:g}, now {now:g}, more than {self.max_future:g} ahead"
+        if now is None:
+            return None
+        if msg.generation_time is None:
+            sent, age = msg.timestamp * self.tick_s, (now - msg.timestamp) * self.tick_s
+        else:
+            sent, age = msg.generation_time, now * self.tick_s - msg.generation_time
+        if self.max_age is not None and age > self.max_age + TIME_TOL_S:
+            return f"stale: made at {sent:g} s, now {now * self.tick_s:g} s, older than {self.max_age:g} s"
+        if self.max_future is not None and -age > self.max_future + TIME_TOL_S:
+            return (f"from the future: made at {sent:g} s, now {now * self.tick_s:g} s, more than "
+                    f"{self.max_future:g} s ahead")
         return None
 
 
@@ -166,11 +181,13 @@ class ReceiverContext:
     """What one receiver knows in one frame besides the packets. now: its current time (timestamp
     units); own_id: its own agent id (a message claiming it is refused); registry: the alliance's
     members it expects, ``{sender_id: agent_type}`` (a sender not in it, or declaring another
-    type, is refused); None = not checked."""
+    type, is refused); replay: its :class:`~.signing.ReplayWindow`, kept across frames (a
+    sequence it accepted, or one older than the window, is refused); None = not checked."""
 
     now: Optional[float] = None
     own_id: Optional[int] = None
     registry: Optional[Mapping[int, str]] = None
+    replay: Optional[ReplayWindow] = None
 
 
 @dataclass
@@ -237,8 +254,8 @@ def receive_frame(packets: Sequence[bytes], accept: Acceptance, context: Optiona
                   budget: Optional[FrameBudget] = None) -> Receipt:
     """One receiver's packets of one frame, in arrival order: each is checked alone
     (:func:`receive_packet`), then against the frame: not from the receiver's own id, a member of
-    ``context.registry`` declaring its registered type, the first accepted message of its sender
-    (later ones are duplicates), and within ``budget`` (messages, bytes, boxes, points; the
+    ``context.registry`` declaring its registered type, a sequence new to ``context.replay`` (version
+    3), the first accepted message of its sender (later ones are duplicates), and within ``budget`` (messages, bytes, boxes, points; the
     excess is rejected). Each rejection carries a reason; :func:`rule_of` names its rule."""
     context = context or ReceiverContext()
     out = Receipt()
@@ -258,6 +275,9 @@ def receive_frame(packets: Sequence[bytes], accept: Acceptance, context: Optiona
         elif context.registry is not None and context.registry[sid] != got.agent_type:
             reason = (f"type mismatch: sender {sid} declares type {got.agent_type!r}, the alliance registers it "
                       f"as {context.registry[sid]!r}")
+        elif context.replay is not None and got.sequence is not None and (
+                replayed := context.replay.refusal(sid, got.sequence)) is not None:
+            reason = replayed
         elif sid in senders:
             reason = f"duplicate sender: a message from sender {sid} was already accepted this frame"
         elif budget is not None:
@@ -278,6 +298,8 @@ def receive_frame(packets: Sequence[bytes], accept: Acceptance, context: Optiona
             out.rejected.append((i, reason))
             continue
         senders.add(sid)
+        if context.replay is not None and got.sequence is not None:
+            context.replay.accept(sid, got.sequence)
         out.accepted.append((i, got))
     return out
 
@@ -295,18 +317,20 @@ def transmit(messages: Messages, *, wire: bool, dtype: str = "float32",
              channel: Union[ChannelConfig, ChannelEffects, None] = None,
              keys: Optional[Callable[[int], Sequence[int]]] = None, accept: Optional[Acceptance] = None,
              train_drop: float = 0.0, contexts: Optional[Sequence[ReceiverContext]] = None,
-             budget: Optional[FrameBudget] = None) -> Delivery:
+             budget: Optional[FrameBudget] = None, signers: Optional[SenderKeys] = None) -> Delivery:
     """Move ``messages`` to their receivers (module docstring).
 
     wire: False -> in memory (``train_drop``: probability of losing each message, torch RNG);
-    True -> encode (signed with ``accept.key``, the alliance key, when set) / channel / decode.
+    True -> encode / channel / decode; signed with ``accept.key`` (the alliance key) when set, or by
+    each sender's own key in ``signers`` (generation time: timestamp x ``accept.tick_s``; a sender
+    without a key there sends unsigned).
     channel: a :class:`ChannelConfig` (each packet's draw keyed by ``keys(receiver)``, default the
     receiver index; what is not lost arrives now) or a live :class:`ChannelEffects` (one receiver,
     index 0: its draws keyed by its tick, delivered ``latency_ticks`` later; what arrives this frame
     may have been sent earlier, so its entries in ``arrived`` have ``source_row`` -1, rejections are
     indexed -1 and its losses are counted by the channel, not in ``lost``). contexts: per receiver,
     its :class:`ReceiverContext` (now, own id, registry; default: none of them checked). budget:
-    each receiver's per-frame budget (:func:`receive_frame`)."""
+    each receiver's per-frame budget (:func:`receive_frame`). signers: the senders' Ed25519 keys."""
     n = len(messages)
     if not wire:
         if train_drop > 0 and n:
@@ -315,7 +339,8 @@ def transmit(messages: Messages, *, wire: bool, dtype: str = "float32",
             return Delivery(messages, messages.select(keep), [0] * n, lost=lost)
         return Delivery(messages, messages, [0] * n)
     accept = accept or Acceptance(kind=messages.kind)
-    packets = [encode(messages.to_wire(i), dtype=dtype, key=accept.key) for i in range(n)]
+    packets = [encode(m, dtype=dtype, key=accept.key, signer=signers.get(m.sender_id) if signers else None,
+                      generation_time=m.timestamp * accept.tick_s) for m in map(messages.to_wire, range(n))]
     nbytes = [len(p) for p in packets]
     if isinstance(channel, ChannelEffects):
         if any(r != 0 for r in messages.receiver):
@@ -324,7 +349,8 @@ def transmit(messages: Messages, *, wire: bool, dtype: str = "float32",
         delivered = {0: [(-1, p) for p in channel.step(packets)]}
         lost: List[int] = []
     else:
-        delivered, lost = _through(packets, messages.receiver, channel or ChannelConfig(), keys, accept.key)
+        delivered, lost = _through(packets, messages.receiver, channel or ChannelConfig(), keys,
+                                   signers if signers is not None else accept.key)
     rejected: List[Tuple[int, str]] = []
     kept: List[Tuple[int, int, Message]] = []  # (message index or -1, receiver, message)
     for r, items in delivered.items():
@@ -350,7 +376,7 @@ def transmit(messages: Messages, *, wire: bool, dtype: str = "float32",
 
 
 def _through(packets: Sequence[bytes], receivers: Sequence[int], channel: ChannelConfig,
-             keys: Optional[Callable[[int], Sequence[int]]], signing_key: Optional[bytes]
+             keys: Optional[Callable[[int], Sequence[int]]], signing_key: Union[bytes, SenderKeys, None]
              ) -> Tuple[Dict[int, List[Tuple[int, bytes]]], List[int]]:
     """Each packet through the stateless ``channel`` -> ({receiver: [(message index, packet)] in send
     order}, indices of the lost)."""

@@ -185,41 +185,41 @@ class CooperativeDetector(nn.Module):
 
     @property
     def receiver(self) -> ReceiverConfig:
-        """The receiver's bounds and alliance key reference (:class:`~opencood_ext.comm.receiver.ReceiverConfig`).
-        Setting it loads the key it names (ValueError, one line, when missing); the key itself is
-        kept apart, never in a config or a state dict."""
+        """The receiver's bounds and key references (:class:`~opencood_ext.comm.receiver.ReceiverConfig`).
+        Setting it loads the keys it names (ValueError, one line, when missing) into :attr:`security`,
+        never a config or a state dict."""
         return self._receiver
 
     @receiver.setter
     def receiver(self, cfg: ReceiverConfig) -> None:
-        key = cfg.load_key()
-        self._receiver, self._alliance_key = cfg, key
+        self._receiver, self.security = cfg, cfg.load_security()
 
     @property
     def authenticated(self) -> bool:
         """Whether this model signs what it sends and accepts only signed messages."""
-        return self._alliance_key is not None
+        return self.security.signed
 
     @property
     def signing_key(self) -> Optional[bytes]:
-        """The alliance key its senders sign with (None: unsigned); for the live loop's encoder."""
-        return self._alliance_key
+        """The alliance HMAC key its senders sign with (None: unsigned or per-sender keys)."""
+        return self.security.hmac_key
 
     def acceptance(self) -> Acceptance:
         """What this receiver accepts: its fusion method's :meth:`accept` under ``receiver``'s bounds."""
-        return self.method.accept(self).bounded_by(self._receiver, self._alliance_key)
+        return self.method.accept(self).bounded_by(self._receiver, self.security)
 
     def receiver_contexts(self, batch) -> List[ReceiverContext]:
-        """Per sample b, what its ego knows besides the packets: its time (its own data's timestamp),
-        its own id, and the alliance registry of the frame: ``{agent id: agent type}`` of the
-        sample's agents (the members it expects to hear from, and the type each registered with)."""
+        """Per sample b, what its ego knows besides the packets: its time (its data's timestamp), its
+        id, the frame's alliance registry ``{agent id: agent type}`` of the sample's agents (whom it
+        expects, with their types) and, with per-sender keys, its replay window (kept across frames)."""
         n = batch.num_agents
         times = batch.agent_times or [0.0] * n
         sample = batch.sample_index.tolist()
         out = []
         for b, e in enumerate(batch.ego_index.tolist()):
             registry = {int(batch.agent_ids[r]): batch.agent_types[r] for r in range(n) if sample[r] == b}
-            out.append(ReceiverContext(now=float(times[e]), own_id=int(batch.agent_ids[e]), registry=registry))
+            own = int(batch.agent_ids[e])
+            out.append(ReceiverContext(float(times[e]), own, registry, self.security.window(own)))
         return out
 
     @property
@@ -337,6 +337,7 @@ class CooperativeDetector(nn.Module):
             dtype = self.wire_dtype
         return transmit(messages, wire=wire, dtype=dtype, channel=channel, keys=keys,
                         accept=self.acceptance(), contexts=contexts, budget=self._receiver.budget(),
+                        signers=self.security.signers,
                         train_drop=self.train_message_drop if self.training else 0.0)
 
     def forward(self, batch) -> ModelOutput:

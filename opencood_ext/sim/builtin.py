@@ -112,6 +112,7 @@ class BuiltinWorld:
         if cameras is not None:
             cfg = replace(cfg, cameras=bool(cameras))
         self.cfg = cfg
+        self.timestamp_s = cfg.tick_seconds  # seconds per unit of its frames' timestamps (they count ticks)
         self.lidar_model = LidarModel(self.cfg.sensors.lidar, self.cfg.tick_seconds)
         cams = self.cfg.sensors.cameras.specs(self.cfg.camera_size) if self.cfg.cameras else []
         self._camera_models = {c.name: CameraModel(c) for c in cams}

@@ -182,7 +182,7 @@ class CarlaWorld:
         self._plans: Dict[int, List[cc.SensorPlan]] = {}
         self._static: Dict[int, Tuple[object, str]] = {}  # actor id -> (bounding box, obj_type)
         self._queue = FrameQueue()
-        self._seed, self._ticks = seed, 0
+        self._seed, self._ticks, self.timestamp_s = seed, 0, TICK_SECONDS  # timestamps count 0.05 s ticks
         try:
             self.reset(seed)
         except BaseException:

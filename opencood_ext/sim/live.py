@@ -14,7 +14,10 @@ the alliance registry: every agent seen so far with its type, its ``now``:
 this tick's frame time); what it cannot use is logged and counted, and the ego
 keeps detecting. Each message is placed with the POSE IN ITS HEADER (so pose
 noise and stale messages act as they would on a road). With an alliance key
-every packet is signed and only signed packets are accepted. The sender and
+every packet is signed and only signed packets are accepted; with per-sender
+keys each sender signs with its own, and the ego refuses replayed sequences
+(its replay window lives as long as the loop). ``tick_s``: the world's seconds
+per timestamp unit, so ``receiver.max_age`` is seconds. The sender and
 receiver are the fusion method's own ``send`` / ``detect``.
 """
 from __future__ import annotations
@@ -57,11 +60,14 @@ class TickResult:
 
 class LiveCooperation:
     """Runs a trained model frame by frame (any fusion method) through ``effects``, the live channel.
-    The wire dtype is the model's (its link's ``wire_dtype``, set in the run's config)."""
+    The wire dtype is the model's (its link's ``wire_dtype``, set in the run's config). ``tick_s``:
+    seconds per unit of the frames' timestamps (the world's tick; default the receiver's ``tick_s``)."""
 
-    def __init__(self, cfg, model, effects: Optional[ChannelEffects] = None):
+    def __init__(self, cfg, model, effects: Optional[ChannelEffects] = None, tick_s: Optional[float] = None):
         self.cfg = cfg
         self.model = model.eval()
+        if tick_s is not None and tick_s != model.receiver.tick_s:
+            model.receiver = dataclasses.replace(model.receiver, tick_s=float(tick_s))
         self.effects = effects or ChannelEffects()
         self.acc = APAccumulator()
         self.ticks = 0
@@ -71,7 +77,7 @@ class LiveCooperation:
         self.rejected_reasons: Counter = Counter()  # rule -> messages refused by it, over all ticks
         self._registry: Dict[int, str] = {}  # the alliance's members seen so far: agent id -> type
         if model.authenticated:  # pose noise is the sender's own error: it signs the noisy pose
-            self.effects.signing_key = model.signing_key
+            self.effects.signing_key = model.security.channel_key
         self._sizes = voxel_sizes(cfg.model) if cfg.model else model.voxel_sizes()
 
     def _sample(self, frame: Frame):

@@ -213,11 +213,12 @@ def test_live_demo_signs_and_rejects_unsigned_packets_with_counts(monkeypatch):
 
 
 def test_stale_messages_rejected_in_the_live_demo(monkeypatch):
-    """Latency of two ticks with max_age one tick: every delivered message is refused as stale."""
-    model = _model(monkeypatch, max_age=1.0)
+    """Latency of two ticks (frames one 0.05 s tick apart) with max_age one tick, in seconds: every
+    delivered message is refused as stale."""
+    model = _model(monkeypatch, max_age=0.05)
     cfg = ExperimentConfig(name="live", data=DataConfig(lidar_range=RANGE, agent_types={"m1": AgentTypeData()}),
                            model=dict(MODEL))
-    live = LiveCooperation(cfg, model, ChannelEffects(latency_ticks=2))
+    live = LiveCooperation(cfg, model, ChannelEffects(latency_ticks=2), tick_s=0.05)
     ticks = [live.step(make_frame(seed=t, timestamp=f"{t:06d}")) for t in range(4)]
     assert [t.received for t in ticks] == [0, 0, 0, 0]
     assert [t.rejected_counts for t in ticks] == [{}, {}, {"stale": 2}, {"stale": 2}]

@@ -111,8 +111,9 @@ def test_every_bad_message_is_rejected_with_a_reason_and_the_ego_keeps_detecting
     for name, packet in _bad_packets(model, good).items():
         got = receive_packet(packet, accept)
         assert isinstance(got, str) and reasons[name] in got, (name, got)
-    stale = Acceptance(kind="bev", shape=accept.shape, max_age=0.5)
-    assert "stale" in receive_packet(good, stale, now=float(wire.decode(good).timestamp) + 1.0)
+    stale = Acceptance(kind="bev", shape=accept.shape, max_age=0.5, tick_s=0.05)  # max_age in seconds
+    assert "stale" in receive_packet(good, stale, now=float(wire.decode(good).timestamp) + 11)  # 0.55 s old
+    assert not isinstance(receive_packet(good, stale, now=float(wire.decode(good).timestamp) + 10), str)
     # with only bad messages arriving, the ego detects exactly as with none
     with torch.no_grad():
         alone = model.method.detect(model, full, feats, sent.select([]))[0]
