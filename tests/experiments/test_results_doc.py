@@ -1,6 +1,7 @@
 """docs/results.md is generated from the committed archives (experiments/results_doc.py): the committed
 file equals a fresh generation, bad archives are one-line errors with exit 2, and a small archive renders
-with its links pointed into the archive. Also: every relative link in README.md and docs/*.md resolves."""
+with its links pointed into the archive. Also: every relative link in README.md, docs/*.md and
+archive/**/README.md resolves."""
 import json
 import re
 import shutil
@@ -87,9 +88,11 @@ def test_missing_archive_root_exits_2(tmp_path, capsys):
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
-@pytest.mark.parametrize("doc", ["README.md"] + sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")))
+@pytest.mark.parametrize("doc", ["README.md"] + sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))
+                         + sorted(p.relative_to(REPO).as_posix() for p in (REPO / "archive").glob("**/README.md")))
 def test_relative_links_resolve(doc):
-    """Every relative link of README.md and docs/*.md (outside code blocks) names an existing file."""
+    """Every relative link of README.md, docs/*.md and the archive folders' READMEs (outside code blocks)
+    names an existing file (the README's moved sections link into docs/ and archive/)."""
     path = REPO / doc
     broken, code = [], False
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
