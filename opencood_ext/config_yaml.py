@@ -73,8 +73,17 @@ def check_yaml_node(node, where: str) -> int:
     return size(node)
 
 
-def _yaml_error(exc: yaml.YAMLError) -> str:
+def _position(text: str, index: int) -> str:
+    """'line L, column C' of character ``index`` of ``text`` (both counted from 1)."""
+    line = text.count("\n", 0, index) + 1
+    return f"line {line}, column {index - (text.rfind(chr(10), 0, index) + 1) + 1}"
+
+
+def _yaml_error(exc: yaml.YAMLError, text: str = "") -> str:
     """A YAML error as one line: the problem and where."""
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow, before any parsing
+        return (f"character {exc.character:#04x} at {_position(text, exc.position)} is not allowed in YAML "
+                f"(no control characters but tab and line breaks)")
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -85,7 +94,10 @@ def parse_yaml(text: str, where: str, loader_cls=None) -> Tuple[Any, Optional[ya
     """(data, node graph) of YAML text, recursive aliases and alias fan-out refused before
     anything is constructed; ConfigError naming ``where`` on any problem. ``loader_cls``:
     a SafeLoader subclass (default: this module's, which refuses duplicate keys)."""
-    loader = (loader_cls or _UniqueKeyLoader)(text)
+    try:
+        loader = (loader_cls or _UniqueKeyLoader)(text)  # its reader refuses control characters at once
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: invalid YAML: {_yaml_error(exc, text)}") from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -93,7 +105,7 @@ def parse_yaml(text: str, where: str, loader_cls=None) -> Tuple[Any, Optional[ya
         check_yaml_node(node, where)
         return loader.construct_document(node), node
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: invalid YAML: {_yaml_error(exc)}") from None
+        raise ConfigError(f"{where}: invalid YAML: {_yaml_error(exc, text)}") from None
     except RecursionError:
         raise ConfigError(f"{where}: YAML nested too deeply") from None
     finally:
@@ -123,27 +135,33 @@ def _check_config_file(path: Path) -> None:
 
 
 def read_config_text(path: Path) -> str:
-    """A config file's text; a missing file, a directory, a device or FIFO, a file over
+    """A config file's text; a missing file, a directory, a device or FIFO, a kernel pseudo-file
+    (/proc, /sys: regular by its mode, but its stated size is not what it reads), a file over
     MAX_CONFIG_BYTES, non-UTF-8 bytes -> one-line ConfigError."""
     path = Path(path)
     _check_config_file(path)
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_CONFIG_BYTES + 1)  # bounded even if the file grows after the check
+            size = os.fstat(fh.fileno()).st_size
     except IsADirectoryError:
         raise ConfigError(f"{path}: is a directory; give the experiment's .yaml file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: more than {MAX_CONFIG_BYTES:,} bytes; a config file may hold at most that")
+    if len(raw) != size:
+        raise ConfigError(f"{path}: not a file on disk: its size says {size:,} bytes but it reads {len(raw):,} (a "
+                          f"kernel pseudo-file such as /proc or /sys, or a file being rewritten); a config is a "
+                          f".yaml file")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
 
 
-def _read_yaml(path: Path) -> dict:
-    data = safe_yaml(read_config_text(path), str(path))
+def _read_yaml(path: Path, text: Optional[str] = None) -> dict:
+    data = safe_yaml(read_config_text(path) if text is None else text, str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -179,14 +197,15 @@ def _deepcopy(value):
     return value
 
 
-def load_yaml_tree(path, _seen: Optional[List[Path]] = None) -> Tuple[dict, _Prov]:
-    """Read ``path`` with its ``base:`` includes merged; returns (dict, provenance)."""
+def load_yaml_tree(path, _seen: Optional[List[Path]] = None, _text: Optional[str] = None) -> Tuple[dict, _Prov]:
+    """Read ``path`` (whose text the includer may have read: ``_text``) with its ``base:`` includes
+    merged; returns (dict, provenance)."""
     path = Path(path).resolve()
     seen = list(_seen or [])
     if path in seen:
         chain = " -> ".join(str(p) for p in seen + [path])
         raise ConfigError(f"circular base include: {chain}")
-    data = _read_yaml(path)
+    data = _read_yaml(path, _text)
     bases = data.pop("base", [])
     if isinstance(bases, str):
         bases = [bases]
@@ -197,10 +216,10 @@ def load_yaml_tree(path, _seen: Optional[List[Path]] = None) -> Tuple[dict, _Pro
     for base in bases:
         base_path = path.parent / base
         try:
-            _check_config_file(base_path)
+            text = read_config_text(base_path)  # what it is and what it reads, blamed on this key
         except ConfigError as exc:
             raise ConfigError(f"{path}: key 'base': cannot include {base!r}: {exc}") from None
-        base_data, base_prov = load_yaml_tree(base_path, seen + [path])
+        base_data, base_prov = load_yaml_tree(base_path, seen + [path], text)
         _merge(merged, base_data, prov, "")
         prov.update(base_prov)
     _merge(merged, data, prov, str(path))
