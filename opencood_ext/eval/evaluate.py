@@ -109,7 +109,8 @@ class EvalResult:
                         f"rejected by the receiver {c.get('rejected', 0)}"
                         + (" (" + ", ".join(f"{k}: {v}" for k, v in sorted(c["rejected_reasons"].items())) + ")"
                            if c.get("rejected_reasons") else "")
-                        + ("; signed messages (alliance key)" if c.get("authenticated") else ""))
+                        + ({"ed25519": "; signed messages (per-sender keys)"}.get(
+                            c.get("signing"), "; signed messages (alliance key)" if c.get("authenticated") else "")))
         if self.ap_by_class:
             rows.extend(format_class_table(self.ap_by_class))
         if self.recall_by_visibility:
@@ -255,6 +256,7 @@ def evaluate(model, dataset, out_dir: Optional[Path] = None, plot_every: int = 0
                  "latency_frames": getattr(dataset, "latency_frames", 0), "sent": collaborators, "lost": lost,
                  "rejected": sum(rejected.values()), "rejected_reasons": dict(rejected),
                  "authenticated": bool(getattr(model, "authenticated", False)),
+                 "signing": model.security.mode if hasattr(model, "security") else "none",
                  "receiver": asdict(model.receiver) if hasattr(model, "receiver") else {}})
     g = res["global"]
     result.pr_curves = {"order": g.order, "image": None,
