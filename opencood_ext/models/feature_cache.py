@@ -40,6 +40,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
 from ..data.inputs import CameraInput, LidarInput
+from ..torch_files import is_torchscript, without_unsafe_advice
 
 Input = Union[LidarInput, CameraInput]
 
@@ -173,12 +174,14 @@ class FeatureCache:
 
     def _read(self, path: Path) -> Optional[dict]:
         try:
+            if is_torchscript(path):
+                raise ValueError("a TorchScript archive (a saved program), not a cache entry; not loaded")
             return torch.load(path, map_location="cpu", weights_only=True)
         except FileNotFoundError:
             return None
         except Exception as exc:  # noqa: BLE001  (a torn or foreign file: whatever the unpickler raises)
-            raise RuntimeError(f"feature cache entry {path} is unreadable ({exc}); delete it (or the folder "
-                               f"{self.root}) and rerun") from None
+            raise RuntimeError(f"feature cache entry {path} is unreadable ({without_unsafe_advice(str(exc))}); "
+                               f"delete it (or the folder {self.root}) and rerun") from None
 
     def _write(self, path: Path, entry: dict) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

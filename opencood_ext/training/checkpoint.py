@@ -53,6 +53,7 @@ from torch import nn
 
 from ..atomic_files import _fsync_dir, atomic_write_bytes  # noqa: F401  (re-exported: runlog, runfolder)
 from ..run_folder import CheckpointPaths  # noqa: F401  (the file names live with the run folder's)
+from ..torch_files import is_torchscript, without_unsafe_advice
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -89,6 +90,11 @@ def _safe_torch_load(path: Path, map_location):
     The messages never pass on torch's advice to retry with ``weights_only=False`` (that is
     the unsafe load the refusal protects against); a refusal names the callable the file
     asks for instead."""
+    if is_torchscript(path):  # torch.load would dispatch to torch.jit.load, or advise the unsafe load
+        raise UnsafeCheckpointError(
+            f"{path}: refused to open: a TorchScript archive (a saved program, whose code runs when it is "
+            f"loaded), not a checkpoint; nothing in it was executed. Checkpoints hold tensors and plain types "
+            f"only (torch.save of a state dict)")
     try:
         with torch.serialization.safe_globals(_LEGACY_NUMPY_GLOBALS):
             return torch.load(path, map_location=map_location, weights_only=True)
@@ -102,8 +108,9 @@ def _safe_torch_load(path: Path, map_location):
             f"never needs (it could run arbitrary code); nothing in it was executed. Checkpoints written "
             f"by this project (formats {READABLE_VERSIONS}) hold tensors and plain types only") from None
     except Exception as exc:  # torch raises many types for a corrupt archive
-        msg = str(exc).splitlines()[0] if str(exc) else ""
-        raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {msg})") from None
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__}: "
+                              f"{without_unsafe_advice(first)})") from None
 
 
 safe_torch_load = _safe_torch_load  # for readers of other checkpoint layouts (interop's reference files)

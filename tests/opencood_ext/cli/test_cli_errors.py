@@ -155,3 +155,50 @@ def test_carla_backend_without_server_is_one_line_before_the_model_loads(trained
                             "--timeout", "1", "--out", str(tmp_path / "live")]) == 2
     assert calls == ["connect"]
     assert _one_line(capsys.readouterr().err).startswith("error: no CARLA server answered")
+
+
+def test_a_torchscript_checkpoint_is_refused_without_torch_advice(trained, tmp_path, capsys):
+    """A TorchScript archive (a saved program) where a checkpoint belongs: every entry point that opens
+    one refuses it on one line naming the file, exit 2, and never passes on torch's advice to load it
+    with weights_only=False (issue 52 item 4b). Nothing of it is loaded: torch.load never sees it.
+    (Onboarding reads its stage-1 runs through the same load_model_state: test_checkpoint_safety.py.)"""
+    import shutil
+    import warnings
+
+    import bench
+    import carla_demo
+    import import_weights
+    import robustness
+    cfg, run = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    script = torch.jit.script(torch.nn.Linear(2, 2))
+    for ckpt in (copy / "checkpoints").glob("*.pth"):
+        script.save(str(ckpt))
+    program = copy / "checkpoints" / "latest.pth"
+    calls = [
+        (train.main, ["--model_dir", str(copy), "--set", "train.epochs=2"], "latest.pth"),
+        (inference.main, ["--model_dir", str(copy), "--plot_every", "0"], "best.pth"),
+        (inference.main, ["--model_dir", str(copy), "--checkpoint", "last", "--plot_every", "0"], "latest.pth"),
+        (import_weights.main, [str(program), "--config", str(cfg), "-o", str(tmp_path / "imp")], "latest.pth"),
+        (robustness.main, ["--runs", f"r={copy}", "--sweep", "drop", "-o", str(tmp_path / "rob"), "--no_progress"],
+         "best.pth"),
+        (bench.main, ["warp", "--model_dir", str(copy), "--max_frames", "1"], "best.pth"),
+        (carla_demo.main, ["live", "--model_dir", str(copy), "--backend", "builtin", "--out", str(tmp_path / "live")],
+         "best.pth"),
+    ]
+    real_load = torch.load
+    for main, argv, name in calls:
+        capsys.readouterr()
+        with warnings.catch_warnings(record=True) as seen, pytest.MonkeyPatch.context() as mp:
+            warnings.simplefilter("always")
+            mp.setattr(torch, "load", lambda f, *a, **k: (_ for _ in ()).throw(AssertionError(f)) if str(f).endswith(
+                ".pth") and str(copy) in str(f) else real_load(f, *a, **k))
+            assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        line = _one_line(err)
+        assert "TorchScript archive" in line and str(copy / "checkpoints") in line and name in line, (argv, line)
+        assert not [w for w in seen if "torch" in str(w.message).lower()], (argv, [str(w.message) for w in seen])
+        for advice in ("weights_only", "`False`", "arbitrary code execution", "trusted source", "jit.load"):
+            assert advice not in err, (argv, err)
+    assert not any((tmp_path / d).exists() for d in ("imp", "rob", "live"))

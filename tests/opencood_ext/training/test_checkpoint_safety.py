@@ -107,3 +107,35 @@ def test_a_format_1_file_with_other_numpy_objects_is_still_refused(tmp_path):
     with pytest.raises(UnsafeCheckpointError, match="x.pth"):
         load_checkpoint(path)
     assert not marker.exists()
+
+
+def test_a_torchscript_archive_is_refused_before_torch_load_sees_it(tmp_path, monkeypatch):
+    """torch.load would hand a TorchScript archive to torch.jit.load (with a warning) or, safely, refuse it
+    with advice to retry with weights_only=False: it is recognised first and refused by what it is."""
+    import warnings
+
+    from opencood_ext.models.feature_cache import FeatureCache
+    path = tmp_path / "program.pth"
+    torch.jit.script(torch.nn.Linear(2, 2)).save(str(path))
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load was called"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for load in (load_checkpoint, lambda p: load_model_state(ToyModel(), p), lambda p: C.safe_torch_load(p, "cpu")):
+            with pytest.raises(UnsafeCheckpointError) as err:
+                load(path)
+            msg = str(err.value)
+            assert msg.startswith(f"{path}: refused to open: a TorchScript archive") and "\n" not in msg
+            assert "weights_only" not in msg and "jit.load" not in msg
+        with pytest.raises(RuntimeError, match="TorchScript archive") as err:
+            FeatureCache(tmp_path / "cache")._read(path)
+        assert "weights_only" not in str(err.value)
+
+
+def test_torch_advice_is_taken_out_of_any_load_error():
+    from opencood_ext.torch_files import without_unsafe_advice
+    torch_text = ("Cannot use ``weights_only=True`` with TorchScript archives passed to ``torch.load``. In PyTorch "
+                  "2.6, we changed the default value of the `weights_only` argument. Re-running `torch.load` with "
+                  "`weights_only` set to `False` will likely succeed, but it can result in arbitrary code execution. "
+                  "Do it only if you got the file from a trusted source.")
+    assert without_unsafe_advice(torch_text) == "the safe loader refused it"
+    assert without_unsafe_advice("not a ZIP archive. Re-run with weights_only=False.") == "not a ZIP archive."
