@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import multiprocessing
+import os
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from opencood_ext.run_folder import RunFolder, evaluation_label
 from opencood_ext.training.runlog import training_wall_time
 
 from .evaluation import Evaluation
+from .lanes import LanePlan, enter_lane, train_side_by_side
 from .method_ids import GENCOMM
 from .profiles import BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE2, TEST_SEED_OFFSET, Profile
 from .results import ResultRow, StepTime
@@ -69,6 +73,17 @@ def train(config: Path, run: Path, data: Path, profile: Profile) -> float:
     call(Command("gencomm-train", ["-y", config, "--model_dir", run,
                                        *sets([f"data.root={data}", *profile.overrides])]))
     return training_wall_time(run)
+
+
+def train_in_lane(config: Path, run: Path, data: Path, profile: Profile, threads: int) -> Tuple[str, float]:
+    """:func:`train` as a lane of :func:`experiments.lanes.train_side_by_side` does it: in a spawned lane
+    process on its share of threads (logging to stderr with the lane's pid), in this process as it is."""
+    if multiprocessing.parent_process() is not None:
+        enter_lane(threads)
+        if not logging.getLogger().handlers:
+            logging.basicConfig(level=logging.INFO,
+                                format=f"%(asctime)s %(levelname)s [lane {os.getpid()}] %(name)s: %(message)s")
+    return run.name, train(config, run, data, profile)
 
 
 def cache_args(profile: Profile) -> List[str]:
@@ -152,15 +167,34 @@ class SeedResult:
     stage1_wall_s: Dict[str, float]
 
 
+def trainings_longest_first(configs: Path, runs: Path, stage1_types: Sequence[str],
+                            competitor_types: Sequence[str]) -> List[Tuple[Path, Path]]:
+    """(config, run folder) of every training of one seed, the longest kinds first (GenComm's stage 1, the
+    full-feature runs, then the single-model baselines), so that side-by-side lanes end close together."""
+    stage1 = [STAGE1[t] for t in stage1_types]
+    competitors = [COMPETITOR_STAGE1[t] for t in competitor_types]
+    full_feature = [c for _, _, c, fusion in BASELINES if fusion == "intermediate"]
+    rest = [c for _, _, c, fusion in BASELINES if fusion != "intermediate"]
+    return [(configs / c, runs / Path(c).stem) for c in [*stage1, *full_feature, *competitors, *rest]]
+
+
 def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, steps: Steps, configs: Path,
-             robustness: bool, test_root: Optional[Path] = None) -> SeedResult:
+             robustness: bool, test_root: Optional[Path] = None, plan: Optional[LanePlan] = None) -> SeedResult:
     """Train and evaluate every row for one training seed into ``runs``, configs from ``configs``;
-    evaluations read the test split of ``test_root`` when given (the separate test set), else of ``data``."""
+    evaluations read the test split of ``test_root`` when given (the separate test set), else of ``data``.
+    ``plan``: train every run first in side-by-side lanes (:mod:`experiments.lanes`; None or one lane: each
+    run when its row comes)."""
     if seed != 0:  # the configs' own seed is 0
         profile = dataclasses.replace(profile, overrides=[*profile.overrides, f"train.seed={seed}"])
     eval_sets = [] if test_root is None else [f"data.root={test_root}"]
     evaluation = dataclasses.replace(profile, overrides=[*profile.overrides, *eval_sets])  # what evaluations get
     rows: List[ResultRow] = []
+    stage1_types = [t for t in STAGE1 if t in ("m1", "m3") or (profile.benchmark and t in profile.benchmark_types)]
+    competitor_types = list(profile.benchmark_types) if profile.benchmark and profile.competitor_stage1 == "own" else []
+    if plan is not None and plan.lanes > 1:  # every training first, side by side; the steps below find them done
+        trainings = trainings_longest_first(configs, runs, stage1_types, competitor_types)
+        steps.run(f"train {len(trainings)} runs, {plan.describe()}", train_side_by_side, trainings, data, profile,
+                  plan, train_in_lane)
     for method_id, method, config, fusion in BASELINES:
         run = runs / Path(config).stem
         wall = steps.run(f"train {run.name}", train, configs / config, run, data, profile)
@@ -171,9 +205,8 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
                               ego_only=Evaluation.from_run_json(solo, str(run)), **run_facts(run)))
     stage1: Dict[str, Path] = {}
     wall1: Dict[str, float] = {}
-    for t, config in STAGE1.items():
-        if t not in ("m1", "m3") and not (profile.benchmark and t in profile.benchmark_types):
-            continue  # the camera types serve the heterogeneous benchmark only
+    for t in stage1_types:  # the camera types serve the heterogeneous benchmark only
+        config = STAGE1[t]
         stage1[t] = runs / Path(config).stem
         wall1[t] = steps.run(f"train {stage1[t].name}", train, configs / config, stage1[t], data, profile)
     onboard_run = runs / "onboard_gencomm_m3"  # the benchmark's GenComm run when it onboards m3 alone
@@ -198,7 +231,7 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
         competitor = None
         if profile.competitor_stage1 == "own":
             competitor = {}
-            for t in profile.benchmark_types:
+            for t in competitor_types:
                 run = runs / Path(COMPETITOR_STAGE1[t]).stem
                 steps.run(f"train {run.name}", train, configs / COMPETITOR_STAGE1[t], run, data, profile)
                 competitor[t] = run

@@ -3,14 +3,16 @@
 1. simulate the default dataset when it is missing (built-in world, OPV2V-H format);
 2. train the baselines (no / late / early / full-feature intermediate fusion,
    the latter three retrained with both types) and GenComm stage 1 for m1
-   (PointPillars, 64-beam) and m3 (SECOND, 32-beam);
+   (PointPillars, 64-beam) and m3 (SECOND, 32-beam), side by side in ``--jobs`` lanes
+   (:mod:`experiments.lanes`);
 3. onboard m3 into m1's alliance (stage 2: only m3's message extractor trains);
 4. evaluate everything on the test split with an m1 ego and m3 collaborators,
    and again with the same weights and the collaborators off (what cooperation
    adds, paired);
 5. sweep every row under pose noise, latency and message loss on one seeded
    channel (``robustness/``);
-6. the heterogeneous benchmark (:mod:`experiments.benchmark`): GenComm stage 1 also
+6. with ``--benchmark`` (or ``--benchmark_types``; the ``paper`` profile always), the heterogeneous
+   benchmark (:mod:`experiments.benchmark`): GenComm stage 1 also
    for the camera types m2 and m4, then m2, m3, m4 join m1's alliance by every
    method (GenComm, BackAlign, STAMP, MPDA, CodeFilling), evaluated as the
    alliance grows, with No fusion and Late fusion built from GenComm's stage-1
@@ -79,11 +81,11 @@ def seed_archives(out: Path, profile_name: str, data_seed: int, like: Optional[P
 
 
 def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 0,
-              seeds: Optional[Sequence[int]] = None, benchmark: bool = True, robustness: bool = True,
+              seeds: Optional[Sequence[int]] = None, benchmark: Optional[bool] = None, robustness: bool = True,
               benchmark_types: Optional[Sequence[str]] = None, competitor_stage1: Optional[str] = None,
               test_scenes: Optional[int] = None, configs: Optional[Path] = None,
               command: str = "gencomm-reproduce", feature_cache: bool = True, score_epochs=(),
-              protocol: Optional[str] = None, budget: int = 1) -> Path:
+              protocol: Optional[str] = None, budget: int = 1, jobs: Optional[int] = None) -> Path:
     """The main job (module docstring). ``seed``: the data and channel seed; ``seeds``: training seeds
     (default: the profile's); every row is trained once per training seed (seed 0's runs in ``runs``,
     another seed's in ``runs/seed<s>``), the report shows the first seed's rows and the spread across seeds.
@@ -99,13 +101,19 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     (``--set protocol=...`` for every training, onboarding and evaluation; None: the configs' own,
     ``equalized`` for the shipped sim configs), e.g. ``reference`` for the LiDAR pair under the reference
     code's placement (issue 31). ``budget``: every training and onboarding runs ``budget`` times its
-    epochs (:func:`scale_budget`; 1: the configs' own), for the learning curves (:mod:`experiments.curves`)."""
+    epochs (:func:`scale_budget`; 1: the configs' own), for the learning curves (:mod:`experiments.curves`).
+    ``benchmark``: run the heterogeneous benchmark (step 6; None: the profile's, off for ``default``, on when
+    ``benchmark_types`` is given). ``jobs``: trainings side by side (:func:`experiments.lanes.lane_plan`; None:
+    automatic, one per core up to 4, one on a CUDA machine)."""
     from opencood_ext.config_files import configs_root
     profile = PROFILES[profile_name]
-    if not benchmark:
-        profile = dataclasses.replace(profile, benchmark=False)
     if benchmark_types is not None:
         profile = dataclasses.replace(profile, benchmark_types=tuple(benchmark_types))
+        benchmark = True if benchmark is None else benchmark  # naming an alliance asks for its benchmark
+    if benchmark is not None:
+        profile = dataclasses.replace(profile, benchmark=benchmark)
+    from .lanes import lane_plan
+    plan = lane_plan(jobs)
     if competitor_stage1 is not None:
         if competitor_stage1 not in ("own", "gencomm"):
             raise ValueError(f"competitor_stage1 must be 'own' or 'gencomm', got {competitor_stage1!r}")
@@ -148,7 +156,7 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     for k, s in enumerate(seeds):
         # seed 0's runs in runs/, another seed's in runs/seed<s> (so adding a seed later never resumes seed 0's)
         per_seed[s] = one_seed(out, seed_runs(runs, s), data, profile, s, steps, configs,
-                               robustness=robustness and k == 0, test_root=test_root)
+                               robustness=robustness and k == 0, test_root=test_root, plan=plan)
         archive_seed(per_seed[s].rows, s, out / "seeds",  # the main table's and the benchmark's rows
                      {"profile": profile_name, "data_seed": seed, "commit": commit, "command": command},
                      test_root=test_root or data)
@@ -162,7 +170,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
                       found_finished=reused, seed_archives=[str(a) for a in archives],
                       seed_spread=spread_json(load_archives(archives)) if len(archives) > 1 else None,
                       feature_cache=profile.feature_cache, precision=precision.to_dict(),
-                      scene_families=compute_family_figures(first.rows, test_root or data)[0])
+                      scene_families=compute_family_figures(first.rows, test_root or data)[0],
+                      lanes={"lanes": plan.lanes, "threads": plan.threads})
     results.write(out / "results.json")
     from .report import write_report
     return write_report(results, out)
@@ -206,12 +215,13 @@ def _seed_list(text: str):
 USAGE = """The main job: simulate the embedded default dataset, train the baselines and
 GenComm (stage 1 for m1 and m3, then onboard m3), evaluate, write the report.
 
-    gencomm-reproduce [--quick | --profile default|quick|paper] [--seeds 0,1,2]
-                      [--out results] [--data data/sim] [--configs DIR]
+    gencomm-reproduce [--quick | --profile default|quick|paper] [--benchmark] [--seeds 0,1,2]
+                      [--jobs N] [--out results] [--data data/sim] [--configs DIR]
 
 From a checkout, ``python tools/reproduce.py`` runs the same command. Resumable: rerunning skips
 finished steps. ``--quick`` is a minutes-long smoke run of every step (tiny data, a few training
-steps); ``--profile paper`` is sized for one GPU (more data, every method, training seeds 0, 1, 2).
+steps); ``--benchmark`` adds the four-type onboarding study (m2, m3, m4 join by every method);
+``--profile paper`` is sized for one GPU (more data, every method, training seeds 0, 1, 2).
 --out and --data are relative to the working directory.
 """
 
@@ -222,13 +232,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke-run profile (= --profile quick)")
     p.add_argument("--profile", choices=list(PROFILES), default=None)
-    p.add_argument("--no_benchmark", action="store_true",
-                   help="skip the heterogeneous benchmark (step 6): the main table, robustness and report only")
+    bench = p.add_mutually_exclusive_group()
+    bench.add_argument("--benchmark", action="store_true",
+                       help="also run the heterogeneous benchmark (step 6): m2, m3, m4 join m1's alliance by every "
+                            "onboarding method (the four-type study; camera images simulated; hours on a CPU)")
+    bench.add_argument("--no_benchmark", action="store_true",
+                       help="skip the heterogeneous benchmark even where the profile (paper) or --benchmark_types "
+                            "asks for it: the main table, robustness and report only")
     p.add_argument("--no_robustness", action="store_true",
                    help="skip the robustness sweep (step 5), e.g. when adding a training seed to an earlier run")
     p.add_argument("--benchmark_types", default=None, metavar="m1,m3",
-                   help="the benchmark's alliance in joining order, ego first (default m1,m2,m3,m4; m1,m3 is the "
-                        "LiDAR pair and needs no camera stage 1; m1,m2 the camera pair: one camera stage 1)")
+                   help="run the benchmark on this alliance in joining order, ego first (default with --benchmark: "
+                        "m1,m2,m3,m4; m1,m3 is the LiDAR pair and needs no camera stage 1; m1,m2 the camera pair)")
     p.add_argument("--competitor_stage1", choices=["own", "gencomm"], default=None,
                    help="the stage-1 runs BackAlign, STAMP, MPDA and CodeFilling start from: 'own' (default: "
                         "full-feature homogeneous runs, as the reference code trains them) or 'gencomm' "
@@ -258,6 +273,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--budget", type=int, default=1, metavar="K",
                    help="train and onboard every run for K times its epochs (default 1: the configs' own); the "
                         "learning curves (tools/learning_curves.py) run the LiDAR pair at K = 1, 2, 4, ...")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="trainings side by side, each on threads/N threads (default: one per core up to 4; one with "
+                        "CUDA). On a CPU two one-thread trainings finish far sooner than one after another on two")
     args = p.parse_args(None if argv is None else list(argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     profile = args.profile or ("quick" if args.quick else "default")
@@ -267,12 +285,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     try:
         report = reproduce(out.resolve(), data.resolve(), profile, args.seed, args.seeds,
-                           benchmark=not args.no_benchmark, robustness=not args.no_robustness,
+                           benchmark=False if args.no_benchmark else (True if args.benchmark else None),
+                           robustness=not args.no_robustness,
                            benchmark_types=args.benchmark_types.split(",") if args.benchmark_types else None,
                            competitor_stage1=args.competitor_stage1, test_scenes=args.test_scenes,
                            configs=args.configs, command=shlex.join(["gencomm-reproduce", *words]),
                            feature_cache=not args.no_feature_cache, score_epochs=[m for m in args.score_epochs.split(",") if m],
-                           protocol=args.protocol, budget=args.budget)
+                           protocol=args.protocol, budget=args.budget, jobs=args.jobs)
     except (ValueError, FileNotFoundError, StepError, ResultsError) as exc:
         print(f"error: gencomm-reproduce: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -156,7 +156,8 @@ class Results:
     feature_cache: the folder frozen encoders' features were kept in (None: every encoding computed);
     precision: the float precision chosen by detection, {choice, reason, cpu_bf16}
     (:mod:`opencood_ext.training.precision`); scene_families: AP per scene family of the test data
-    (:mod:`experiments.family_figures`; None: not computed, e.g. no row has per-frame records)."""
+    (:mod:`experiments.family_figures`; None: not computed, e.g. no row has per-frame records); lanes: how
+    the trainings shared the machine, {lanes, threads} (:mod:`experiments.lanes`; None in older files)."""
 
     profile: str
     seed: int
@@ -178,6 +179,7 @@ class Results:
     feature_cache: Optional[str] = None
     precision: Optional[Dict[str, Any]] = None
     scene_families: Optional[FamilyFigures] = None
+    lanes: Optional[Dict[str, int]] = None
 
     def main_rows(self) -> List[ResultRow]:
         return [r for r in self.rows if r.table == "main"]

@@ -41,9 +41,9 @@ case "$jobs" in ''|*[!0-9]*|0) echo "fair_benchmark.sh: --jobs must be a positiv
 
 # name and arguments of each main job, in the order they start
 names=(seed0 seed1 seed2 reference)
-args=("--seeds 0 --score_epochs gencomm"
-      "--seeds 1 --score_epochs gencomm"
-      "--seeds 2 --score_epochs gencomm"
+args=("--seeds 0 --benchmark --score_epochs gencomm"
+      "--seeds 1 --benchmark --score_epochs gencomm"
+      "--seeds 2 --benchmark --score_epochs gencomm"
       "--seeds 0 --protocol reference --benchmark_types m1,m3")
 threads=${OMP_NUM_THREADS:-$(( $(nproc) / jobs ))}  # a count the user set wins; else the cores shared out
 [ "$threads" -ge 1 ] 2>/dev/null || threads=1

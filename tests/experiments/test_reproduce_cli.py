@@ -87,3 +87,49 @@ def test_seeds_reach_the_main_job(tmp_path, monkeypatch):
         return out / "REPORT.md"
     monkeypatch.setattr(reproduce, "reproduce", fake)
     assert _cli().main(["--out", str(tmp_path), "--seeds", "0,1,2"]) == 0 and seen["seeds"] == [0, 1, 2]
+
+
+def test_the_default_is_the_lidar_pair_and_benchmark_is_one_flag_away(tmp_path, monkeypatch):
+    """Issue 51: the default main job is the LiDAR pair's main table; --benchmark (or naming an alliance)
+    adds the onboarding study; --jobs reaches the job."""
+    from experiments.profiles import PROFILES
+    assert PROFILES["default"].benchmark is False and PROFILES["paper"].benchmark is True
+    seen = {}
+
+    def fake(out, data, profile, seed, seeds, **kw):
+        seen.clear()
+        seen.update(kw)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "REPORT.md").write_text("report")
+        return out / "REPORT.md"
+    monkeypatch.setattr(reproduce, "reproduce", fake)
+    cli = _cli()
+    assert cli.main(["--out", str(tmp_path)]) == 0 and seen["benchmark"] is None and seen["jobs"] is None
+    assert cli.main(["--out", str(tmp_path), "--benchmark", "--jobs", "1"]) == 0
+    assert seen["benchmark"] is True and seen["jobs"] == 1
+    assert cli.main(["--out", str(tmp_path), "--benchmark_types", "m1,m3"]) == 0
+    assert seen["benchmark"] is None and seen["benchmark_types"] == ["m1", "m3"]
+
+
+def test_naming_an_alliance_turns_the_benchmark_on_unless_refused(tmp_path, monkeypatch):
+    """What reproduce makes of benchmark / benchmark_types before anything runs: the profile one_seed gets."""
+    import experiments.pipeline as pipeline
+    got = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_seed(out, runs, data, profile, *a, **kw):
+        got.append((profile.benchmark, profile.benchmark_types, kw["plan"]))
+        raise Stop
+    monkeypatch.setattr(reproduce, "simulate", lambda *a: None)  # no simulation
+    monkeypatch.setattr(reproduce, "simulate_test_set", lambda *a: None)
+    monkeypatch.setattr(reproduce, "one_seed", fake_seed)
+    for kw in ({}, {"benchmark": True}, {"benchmark_types": ["m1", "m3"]},
+               {"benchmark_types": ["m1", "m3"], "benchmark": False, "jobs": 1}):
+        with pytest.raises(Stop):
+            reproduce.reproduce(tmp_path / "out", tmp_path / "data", **kw)
+    assert [(b, t) for b, t, _ in got] == [(False, ("m1", "m2", "m3", "m4")), (True, ("m1", "m2", "m3", "m4")),
+                                         (True, ("m1", "m3")), (False, ("m1", "m3"))]
+    assert got[-1][2].lanes == 1
+    assert pipeline.one_seed is not fake_seed

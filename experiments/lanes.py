@@ -1,0 +1,91 @@
+"""The main job's independent trainings side by side: ``gencomm-reproduce --jobs N``.
+
+Every training run of one seed (the baselines, GenComm's stage-1 runs, the competitors' own stage-1 runs)
+depends on the dataset alone, so they can train at the same time. On a CPU one training process with
+two threads gains far less than two processes with one thread each (a step's small convolutions and
+the data loader do not spread over cores), so the main job runs N *lanes*, each a process training one
+run after another on ``threads // N`` intra-op threads (:func:`lane_plan`), the longest runs first
+(:func:`train_side_by_side`). Afterwards the job's sequential steps find these runs finished and go on
+(onboarding, evaluations, robustness) on every thread.
+
+What each run trained with is recorded as always: every epoch record of its ``train_log.jsonl`` holds its
+``threads`` (a run trained in a lane of one thread is bit-identical to ``OMP_NUM_THREADS=1 gencomm-train``
+of the same config and seed). A lane's failure stops the job with the failed step's one-line
+:class:`~experiments.steps.StepError` after the other lanes' current runs end; a rerun resumes them.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+log = logging.getLogger(__name__)
+
+MAX_LANES = 4  # beyond this a lane's share of a large machine's threads is what a run needs anyway
+
+
+@dataclass(frozen=True)
+class LanePlan:
+    """``lanes`` processes training side by side, each on ``threads`` intra-op threads."""
+
+    lanes: int
+    threads: int
+
+    def describe(self) -> str:
+        return f"{self.lanes} at a time, {self.threads} thread{'s' if self.threads != 1 else ''} each"
+
+
+def lane_plan(jobs: Optional[int] = None, threads: Optional[int] = None, cuda: Optional[bool] = None) -> LanePlan:
+    """How the trainings share the machine. ``jobs``: lanes asked for (None: automatic, one per thread up to
+    :data:`MAX_LANES`, and one on a CUDA machine, where runs would queue on one device); ``threads``: the
+    threads this process may use (None: torch's count, which ``OMP_NUM_THREADS`` sets). Each lane gets
+    ``threads // lanes`` of them, at least one; ``jobs`` above ``threads`` is cut to ``threads``."""
+    threads = torch.get_num_threads() if threads is None else threads
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"--jobs must be a positive whole number, got {jobs}")
+    lanes = (1 if cuda else min(MAX_LANES, threads)) if jobs is None else min(jobs, threads)
+    return LanePlan(lanes, max(1, threads // lanes))
+
+
+def enter_lane(threads: int) -> None:
+    """A lane process's thread share: torch's intra-op count and ``OMP_NUM_THREADS``, which the data
+    loader's worker processes inherit."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+def train_side_by_side(trainings: Sequence[Tuple[Path, Path]], data: Path, profile, plan: LanePlan,
+                       work: Callable[..., Tuple[str, float]]) -> List[str]:
+    """Train every ``(config, run folder)`` of ``trainings`` (in the order given: put the longest first) in
+    ``plan.lanes`` processes; -> the run folders' names. Finished runs are skipped by ``gencomm-train``
+    itself, so a rerun costs seconds. One lane trains in this process. ``work(config, run, data, profile,
+    threads) -> (name, seconds)``: what a lane does with one training, in a lane process after
+    :func:`enter_lane` (:func:`experiments.pipeline.train_in_lane`; a module-level function: the lanes are
+    spawned processes)."""
+    if plan.lanes <= 1:
+        return [work(config, run, data, profile, plan.threads)[0] for config, run in trainings]
+    log.info("training %d runs side by side, %s", len(trainings), plan.describe())
+    done: List[str] = []  # in the order given
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=plan.lanes, mp_context=context) as pool:
+        futures = [pool.submit(work, config, run, data, profile, plan.threads) for config, run in trainings]
+        finished, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [f for f in finished if f.exception() is not None]
+        if failed:
+            for f in pending:
+                f.cancel()  # runs not started yet stay for the rerun; the running ones end their training
+            raise failed[0].exception()
+        for f in futures:
+            name, wall = f.result()
+            log.info("trained %s (%.0f s)", name, wall)
+            done.append(name)
+    return done
