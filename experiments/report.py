@@ -17,6 +17,9 @@ from opencood_ext.eval.localisation import FOUND_IOU
 from opencood_ext.run_folder import RunFolder
 
 from .family_figures import compute_family_figures
+from .method_ids import GENCOMM
+from .plateau import plateau_section
+from .profiles import STAGE1
 from .report_cells import differences
 from .report_family import family_section
 from .report_epochs import epoch_sections
@@ -271,6 +274,18 @@ def _test_split(results: Results) -> str:
             "docs/statistics.md).")
 
 
+def trained_runs(results: Results) -> List[tuple]:
+    """(label, run folder) of every model the main table trained: its rows' runs, then GenComm's stage-1
+    runs (beside the onboarding's run folder, named by :data:`experiments.profiles.STAGE1`)."""
+    runs = [(r.method, r.run) for r in results.main_rows() if r.run]
+    gencomm = [r for r in results.main_rows() if r.method_id == GENCOMM and r.run]
+    if gencomm:
+        folder = Path(gencomm[0].run).parent
+        runs += [(f"GenComm stage 1, {t}", str(folder / Path(STAGE1[t]).stem)) for t in results.stage1_wall_s
+                 if t in STAGE1]
+    return runs
+
+
 def write_report(results: Results, out: Path) -> Path:
     """``out/REPORT.md`` (and its plots) from ``results``; returns its path."""
     rows: List[ResultRow] = results.main_rows()
@@ -309,6 +324,7 @@ def write_report(results: Results, out: Path) -> Path:
               f"- wall time: onboarding {ob['onboarding_wall_time_s']:.0f} s vs stage 1 "
               + ", ".join(f"{t} {v:.0f} s" for t, v in s1.items()),
               "", f"![AP against bytes]({plot.name})", ""]
+    lines += plateau_section(trained_runs(results))
     lines += _pr_section(rows, out)
     lines += robustness_section(out, rows)
     lines += hetero_section(results.hetero_rows(), out)
