@@ -234,6 +234,21 @@ def config_from_dict(schema, data: dict, prov: Optional[_Prov] = None):
     return _build_dataclass(schema, data, (), prov or {})
 
 
+_PROVENANCE = "_config_provenance"  # attribute of a loaded config: which file set each key
+
+
+def config_error(cfg, key: Sequence[str], msg) -> ConfigError:
+    """A ConfigError about ``key`` (a key path, e.g. ``("model", "anchors")``) of a config that
+    :func:`load_config` loaded, for a problem found after loading (a model or dataset that cannot be
+    built): it names the file that set the key, or the config file itself for a key no file sets. A
+    config built in code is named by its ``name``."""
+    path = tuple(str(k) for k in key)
+    prov = getattr(cfg, _PROVENANCE, None)
+    if prov:
+        return _err(prov, path, str(msg))
+    return ConfigError(f"experiment '{getattr(cfg, 'name', '?')}': key '{'.'.join(path)}': {msg}")
+
+
 def locate_config(path) -> Path:
     """``path`` when it exists (whatever it is: the reader says what is wrong with it), else the
     shipped config of that name (:func:`opencood_ext.config_files.resolve_config`: so
@@ -253,7 +268,9 @@ def load_config(path, schema, overrides: Sequence[str] = ()):
     data, prov = load_yaml_tree(path)
     prov[()] = str(Path(path).resolve())  # errors about the whole file name the file itself
     apply_overrides(data, prov, overrides)
-    return _build_dataclass(schema, data, (), prov)
+    cfg = _build_dataclass(schema, data, (), prov)
+    setattr(cfg, _PROVENANCE, prov)  # for config_error (not a field: never dumped, compared or printed)
+    return cfg
 
 
 def config_to_dict(obj) -> Any:

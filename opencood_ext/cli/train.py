@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from opencood_ext.config import ConfigError, dump_config, locate_config
+from opencood_ext.config import ConfigError, config_error, dump_config, locate_config
 from opencood_ext.run_folder import RunFolder
 
 
@@ -88,7 +88,7 @@ def _dry_run(cfg) -> int:
     try:
         model = build_model(cfg)
     except (TypeError, ValueError) as exc:  # a spec the registry refuses
-        raise ConfigError(f"experiment '{cfg.name}': {exc}") from None
+        raise config_error(cfg, ("model",), exc) from None
     resolve_policy(None).apply(model)  # what Trainer does with gencomm-train's (absent) param filter
     total, trainable = count_parameters(model), count_parameters(model, trainable_only=True)
     print(f"{cfg.name}: {total:,} parameters, {trainable:,} trainable (dry run: no data read, nothing written)")
@@ -109,7 +109,7 @@ def _train(args, cfg) -> int:
     try:
         trainer = Trainer(model, train_set, val_set, collate, cfg.train, run_dir)
     except ValueError as exc:  # e.g. no full batch in the train split
-        raise ConfigError(f"experiment '{cfg.name}': {exc}") from None
+        raise config_error(cfg, ("train",), exc) from None
     trainer.restore()  # a resume that does not fit fails here, before config.yaml is written
     if D.is_main_process():
         run_dir.mkdir(parents=True, exist_ok=True)

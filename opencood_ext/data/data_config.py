@@ -26,6 +26,12 @@ class AgentTypeData:
     image_size: Tuple[int, int] = (128, 160)
     use_depth: bool = False
 
+    def __post_init__(self):
+        for name in ("max_points_per_voxel", "max_voxels"):
+            if getattr(self, name) < 1:
+                raise FieldError(f"{name} must be >= 1 (a voxel holds at least one point, a scan at least one "
+                                 f"voxel), got {getattr(self, name)!r}", name)
+
 
 @dataclass
 class DataConfig:
@@ -111,6 +117,10 @@ class DataConfig:
     shuffle_points: Optional[bool] = None
 
     def __post_init__(self):
+        inverted = [axis for axis, lo, hi in zip("xyz", self.lidar_range[:3], self.lidar_range[3:]) if not hi > lo]
+        if inverted:
+            raise FieldError(f"lidar_range is (xmin, ymin, zmin, xmax, ymax, zmax) with each max > min; got "
+                             f"{list(self.lidar_range)} (max <= min on {', '.join(inverted)})", "lidar_range")
         if not self.comm_range > 0:  # also refuses NaN
             raise ValueError(f"DataConfig.comm_range must be > 0 metres (collaborators farther from the ego "
                              f"are left out), got {self.comm_range!r}")

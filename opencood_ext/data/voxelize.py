@@ -74,13 +74,13 @@ def grid_shape(lidar_range: Sequence[float], voxel_size: Sequence[float]) -> Tup
     v = np.asarray(voxel_size, dtype=np.float64).reshape(-1)
     if r.size != 6 or v.size != 3:
         raise ValueError(f"lidar_range needs 6 values (xmin, ymin, zmin, xmax, ymax, zmax) and "
-                         f"voxel_size 3 (vx, vy, vz); got {list(r)} and {list(v)}")
+                         f"voxel_size 3 (vx, vy, vz); got {r.tolist()} and {v.tolist()}")
     if np.any(v <= 0) or np.any(r[3:] <= r[:3]):
-        raise ValueError(f"need voxel_size > 0 and max > min in lidar_range; got {list(v)}, {list(r)}")
+        raise ValueError(f"need voxel_size > 0 and max > min in lidar_range; got {v.tolist()}, {r.tolist()}")
     n = (r[3:] - r[:3]) / v
     if np.any(np.abs(n - np.round(n)) > 1e-4):
-        raise ValueError(f"lidar_range extent {list(r[3:] - r[:3])} is not a whole number of voxels "
-                         f"of size {list(v)} (got {list(n)} voxels)")
+        raise ValueError(f"lidar_range extent {(r[3:] - r[:3]).tolist()} is not a whole number of voxels "
+                         f"of size {v.tolist()} (got {[round(x, 4) for x in n.tolist()]} voxels)")
     nx, ny, nz = (int(round(x)) for x in n)
     return nz, ny, nx
 

@@ -20,6 +20,20 @@ import torch
 from opencood_ext.geometry.boxes import limit_period
 
 
+def check_anchors(sizes, rotations) -> List[tuple]:
+    """``sizes`` as (l, w, h) float triples, each positive, and ``rotations`` not empty; ValueError
+    otherwise (what the config loader checks too: :mod:`opencood_ext.experiment_checks`)."""
+    try:
+        triples = [tuple(float(v) for v in size) for size in sizes]
+        n_rot = len(rotations)
+    except (TypeError, ValueError):
+        triples, n_rot = [], 0
+    if not triples or any(len(t) != 3 or not min(t) > 0 for t in triples) or not n_rot:
+        raise ValueError(f"anchors: sizes must be positive (l, w, h) triples and rotations non-empty; "
+                         f"got {sizes!r}, {rotations!r}")
+    return triples
+
+
 class AnchorGenerator:
     """Anchor boxes on a BEV feature grid.
 
@@ -43,10 +57,7 @@ class AnchorGenerator:
                  z_center: Union[float, Sequence[float]] = -1.0,
                  size_classes: Optional[Sequence[int]] = None,
                  margin: Optional[Sequence[float]] = None, protocol: str = "native"):
-        sizes = [tuple(float(v) for v in s) for s in sizes]
-        if not sizes or any(len(s) != 3 or min(s) <= 0 for s in sizes) or not len(rotations):
-            raise ValueError(f"anchors: sizes must be positive (l, w, h) triples and rotations non-empty; "
-                             f"got {sizes}, {list(rotations)}")
+        sizes = check_anchors(sizes, rotations)
         zs = [float(z_center)] * len(sizes) if isinstance(z_center, (int, float)) else [float(z) for z in z_center]
         classes = [0] * len(sizes) if size_classes is None else [int(c) for c in size_classes]
         if len(zs) != len(sizes) or len(classes) != len(sizes):

@@ -50,6 +50,20 @@ def _resample(cin: int, cout: int, factor: Fraction) -> nn.Module:
     return nn.Sequential(conv, nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01), nn.ReLU(inplace=True))
 
 
+def check_levels(layer_nums: Sequence[int], layer_strides: Sequence[int], num_filters: Sequence[int],
+                 upsample_strides: Sequence[float], num_upsample_filters: Sequence[int]) -> None:
+    """A multi-scale backbone's per-level lists have one entry per level (at least one level); the
+    two upsampling lists may both be empty (no resampling). ValueError otherwise: what the config
+    loader checks before anything is built (:mod:`opencood_ext.experiment_checks`)."""
+    lists = [list(x) for x in (layer_nums, layer_strides, num_filters, upsample_strides, num_upsample_filters)]
+    n = len(lists[0])
+    others = lists[1:3] if not lists[3] and not lists[4] else lists[1:]
+    if not n or any(len(x) != n for x in others):
+        raise ValueError(f"backbone: layer_nums, layer_strides, num_filters, upsample_strides and "
+                         f"num_upsample_filters need the same non-zero length; got "
+                         f"{', '.join(str(x) for x in lists)}")
+
+
 class _LevelBackbone(nn.Module):
     """Levels of a multi-scale BEV backbone, each resampled to a common stride and concatenated.
 
@@ -63,13 +77,9 @@ class _LevelBackbone(nn.Module):
                  make_level: Callable[[int, int, int, int], nn.Module]):
         super().__init__()
         n = len(layer_nums)
+        check_levels(layer_nums, layer_strides, num_filters, upsample_strides, num_upsample_filters)
         if not len(upsample_strides) and not len(num_upsample_filters):  # no resampling: the levels as they are
             upsample_strides, num_upsample_filters = [None] * n, list(num_filters)
-        if not n or any(len(x) != n for x in (layer_strides, num_filters, upsample_strides, num_upsample_filters)):
-            raise ValueError(f"backbone: layer_nums, layer_strides, num_filters, upsample_strides and "
-                             f"num_upsample_filters need the same non-zero length; got {list(layer_nums)}, "
-                             f"{list(layer_strides)}, {list(num_filters)}, {list(upsample_strides)}, "
-                             f"{list(num_upsample_filters)}")
         levels, ups, strides = [], [], set()
         cin, total = int(in_channels), Fraction(1)
         for num, stride, c, up, cu in zip(layer_nums, layer_strides, num_filters, upsample_strides,

@@ -185,7 +185,7 @@ def test_every_link_with_a_wire_dtype_refuses_an_unknown_one_at_load():
     """The check reads each link's constructor annotation, so a new link gets it too."""
     import inspect
 
-    from opencood_ext.experiment import _LINK_DERIVED, _check_spec
+    from opencood_ext.experiment_checks import _LINK_DERIVED, _check_spec
     from opencood_ext.models.links import LINKS
     checked = []
     for name, cls in LINKS.items():
