@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional, Union
 
+from ..config import FieldError
 from .signing import KeyRegistry, ReplayWindow, SenderKeys
 
 MIN_KEY_BYTES = 16
@@ -124,27 +125,29 @@ class ReceiverConfig:
         for name in ("max_age", "max_future", "max_abs"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v >= 0):
-                raise ValueError(f"receiver.{name} must be a finite number >= 0 or null, got {v!r}")
+                raise FieldError(f"receiver.{name} must be a finite number >= 0 or null, got {v!r}", name)
         for name in ("max_translation_m", "max_box_size_m", "tick_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"receiver.{name} must be a finite number > 0, got {v!r}")
+                raise FieldError(f"receiver.{name} must be a finite number > 0, got {v!r}", name)
         for name in ("max_boxes", "max_points", "max_messages_per_frame", "max_boxes_per_frame",
                      "max_points_per_frame", "max_bytes_per_frame", "max_message_bytes", "replay_window"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"receiver.{name} must be an integer >= 1, got {v!r}")
+                raise FieldError(f"receiver.{name} must be an integer >= 1, got {v!r}", name)
         if self.key_env is not None and self.key_file is not None:
-            raise ValueError("receiver: set key_env or key_file, not both")
+            raise FieldError("receiver: set key_env or key_file, not both", "key_file", "key_env")
         for name in ("key_env", "key_file", "public_keys", "private_keys"):
             if getattr(self, name) == "":
-                raise ValueError(f"receiver.{name} must be null or a non-empty name")
+                raise FieldError(f"receiver.{name} must be null or a non-empty name", name)
         if (self.public_keys is None) != (self.private_keys is None):
-            raise ValueError("receiver: per-sender signing needs both public_keys (the alliance registry) and "
-                             "private_keys (the folder of the senders' keys)")
+            raise FieldError("receiver: per-sender signing needs both public_keys (the alliance registry) and "
+                             "private_keys (the folder of the senders' keys)",
+                             "public_keys" if self.public_keys is not None else "private_keys")
         if self.public_keys is not None and (self.key_env is not None or self.key_file is not None):
-            raise ValueError("receiver: set key_env / key_file (alliance HMAC key) or public_keys / private_keys "
-                             "(per-sender Ed25519 keys), not both")
+            raise FieldError("receiver: set key_env / key_file (alliance HMAC key) or public_keys / private_keys "
+                             "(per-sender Ed25519 keys), not both", "key_env" if self.key_env is not None else "key_file",
+                             "public_keys")
 
     @property
     def authenticated(self) -> bool:

@@ -9,6 +9,7 @@ import pickle
 
 import pytest
 import torch
+import yaml
 
 from opencood_ext.comm import ChannelConfig, ChannelEffects, decode, wire
 from opencood_ext.comm import messages as messages_module
@@ -19,10 +20,11 @@ from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import AgentTypeData, DataConfig
 from opencood_ext.data.synthetic import make_frame
 from opencood_ext.eval.evaluate import evaluate
-from opencood_ext.experiment import ExperimentConfig, build_model
+from opencood_ext.experiment import ExperimentConfig, build_model, load_experiment
 from opencood_ext.models.detector import CooperativeDetector
 from opencood_ext.sim.live import LiveCooperation
 from test_message_auth import MODEL, RANGE, _alone, _dataset
+from tiny_runs import GENCOMM, PP, tiny_config
 
 torch.set_num_threads(1)
 
@@ -137,6 +139,22 @@ def test_key_files_never_reach_results_logs_reprs_or_errors(alliance, tmp_path, 
 def test_the_receiver_section_refuses_half_or_mixed_key_settings(receiver, error):
     with pytest.raises(ValueError, match=error):
         ReceiverConfig(**receiver)
+
+
+def test_key_settings_are_blamed_on_the_file_and_key_that_set_them(tmp_path):
+    path = tiny_config(tmp_path, tmp_path / "data", "r", {"m1": PP}, {"fusion": "intermediate", "link": GENCOMM})
+    cfg = yaml.safe_load(path.read_text())
+    cfg["receiver"] = {"public_keys": "alliance_keys.yaml"}
+    path.write_text(yaml.safe_dump(cfg))
+    cases = {(): f"{path}: key 'receiver.public_keys': receiver: per-sender signing needs both",
+             ("receiver.private_keys=keys", "receiver.replay_window=0"):
+                 "--set: key 'receiver.replay_window': receiver.replay_window must be an integer >= 1, got 0",
+             ("receiver.private_keys=keys", "receiver.key_env=K"): "--set: key 'receiver.key_env': receiver: set "}
+    for overrides, start in cases.items():
+        with pytest.raises(ConfigError) as err:
+            load_experiment(path, list(overrides))
+        assert str(err.value).startswith(start) and "\n" not in str(err.value), str(err.value)
+    assert load_experiment(path, ["receiver.private_keys=keys"]).receiver.private_keys == "keys"
 
 
 def test_a_bad_registry_entry_is_one_line_naming_the_file_and_the_entry(alliance, tmp_path):
