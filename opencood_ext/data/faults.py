@@ -19,6 +19,16 @@ timestamp is normal. Faults, each named by a path:
 * ``mismatch``: a timestamp inside the spans of as many agents that lack it as
   agents that have it: named by the present file(s), the absent ones listed.
 
+Which frames a split has. A frame is a timestamp that more of the agents recording
+through it have than lack (agents outside their span do not count). A *disputed*
+timestamp (``stray`` or ``mismatch``: no more agents have it than lack it) is no
+frame (:func:`disputed_frames`): a renamed file neither adds a frame nor turns a
+lone agent into an ego, so a timestamp fault never adds a frame to what an
+evaluation scores. A tie (two agents, one file renamed or lost) cannot tell the
+real timestamp from the stray one, so both sides of it are left out; the warning
+names each. Agent faults at a frame's timestamp (``no_yaml``, ``no_lidar``,
+``missing``) keep the frame: the agent is left out, or loading it fails by name.
+
 Load-time: points with a NaN or infinite value (:func:`drop_nonfinite`).
 
 Policy. Default: the reader reads on (the agent is left out, the rows dropped)
@@ -163,9 +173,16 @@ def layout_faults(split_path: Path, layout: Mapping[str, Mapping[int, AgentStamp
             for t in st.yaml:
                 in_frame.setdefault(t, []).append(a)
 
+        spans = {a: (min(st.any, key=int), max(st.any, key=int)) for a, st in agents.items() if st.any}
+        stamps = sorted(set().union(*(st.any for st in agents.values())), key=int)
+        have_of = {t: _ids(a for a, st in agents.items() if t in st.any) for t in stamps}
+        lack_of = {t: _ids(a for a, (lo, hi) in spans.items() if int(lo) < int(t) < int(hi)
+                           and t not in agents[a].any) for t in stamps}
+        disputed = {t for t in stamps if lack_of[t] and len(have_of[t]) <= len(lack_of[t])}
+
         def frame_note(t: str, left_out: int) -> str:
             present = _ids(in_frame.get(t, []))
-            if not present:
+            if not present or t in disputed:
                 return f"; no frame {scen}/{t} is indexed"
             note = f"; frame {scen}/{t} holds agents {present} without agent {left_out}"
             if _ids(present + [left_out])[0] == left_out:
@@ -183,11 +200,8 @@ def layout_faults(split_path: Path, layout: Mapping[str, Mapping[int, AgentStamp
                 per_ts.setdefault(t, []).append(Fault(
                     "no_lidar", lidar_of(a, t), f"missing, though {yaml_of(a, t).name} of agent {a} exists: "
                     f"loading frame {scen}/{t} fails", scen, t))
-        spans = {a: (min(st.any, key=int), max(st.any, key=int)) for a, st in agents.items() if st.any}
-        for t in sorted(set().union(*(st.any for st in agents.values())), key=int):
-            have = _ids(a for a, st in agents.items() if t in st.any)
-            lack = _ids(a for a, (lo, hi) in spans.items()
-                        if int(lo) < int(t) < int(hi) and t not in agents[a].any)
+        for t in stamps:
+            have, lack = have_of[t], lack_of[t]
             if not lack:
                 continue
             span_txt = ", ".join(f"{a}: {spans[a][0]}..{spans[a][1]}" for a in lack)
@@ -202,15 +216,20 @@ def layout_faults(split_path: Path, layout: Mapping[str, Mapping[int, AgentStamp
             present = ", ".join(str(file_of(a, t)) for a in have)
             absent = ", ".join(str(yaml_of(a, t)) for a in lack)
             why = ("exists only for agent(s) " if kind == "stray" else "exists for agent(s) ") + str(have)
-            frame = _ids(in_frame.get(t, []))
             per_ts.setdefault(t, []).append(Fault(
                 kind, file_of(have[0], t), f"timestamp {t} {why} but not for agent(s) {lack} whose recordings "
-                f"span it ({span_txt}): a renamed, stray or lost file? present: {present}; absent: {absent}"
-                + (f"; frame {scen}/{t} holds agents {frame}" if frame else f"; no frame {scen}/{t} is indexed"),
+                f"span it ({span_txt}): a renamed, stray or lost file? present: {present}; absent: {absent}; "
+                f"no frame {scen}/{t} is indexed (a timestamp no more agents have than lack is no frame)",
                 scen, t))
         for t in sorted(per_ts, key=int):
             faults.extend(per_ts[t])
     return faults
+
+
+def disputed_frames(faults: Iterable[Fault]) -> Set[Tuple[str, str]]:
+    """``{(scenario, timestamp)}`` of the disputed timestamps among ``faults`` (``stray``, ``mismatch``),
+    which are no frames (the module docstring)."""
+    return {(f.scenario, f.timestamp) for f in faults if f.kind in ("stray", "mismatch")}
 
 
 def frame_faults(faults: Iterable[Fault]) -> Dict[Tuple[str, str], List[Fault]]:

@@ -18,7 +18,9 @@ evaluation loops leave out.
 directory scan (:func:`scan_layout`) also finds agents missing inside their
 recording span, stray timestamps and half-present agent files; ``.faults``
 lists them. By default each is warned about (DataFaultWarning plus a logging
-WARNING naming the file) and the data is read on. With ``strict`` they are
+WARNING naming the file) and the data is read on; a disputed timestamp (a stray
+or tied one: a renamed file) is no frame, so a fault never adds one to what an
+evaluation scores (:func:`~opencood_ext.data.faults.disputed_frames`). With ``strict`` they are
 :class:`~opencood_ext.data.errors.DataFaultError` s: raised at construction,
 or with ``skip_bad`` too, when a frame they concern is loaded (so it is
 skipped like any bad frame).

@@ -27,7 +27,7 @@ from ...geometry import pose_to_matrix
 from ..errors import DataFormatError, not_utf8
 from ..frame import AgentObs, CameraObs, Frame, ObjectLabel, sort_agent_ids
 from .decode_cache import DecodeCache
-from ..faults import drop_nonfinite, layout_faults
+from ..faults import disputed_frames, drop_nonfinite, layout_faults
 from .layout import IndexedReader, frame_keys, hetero_tree, scan_layout, split_dir, yaml_tree
 from .opv2v_io import (CAMERA_KEY, as_array, camera_indices, existing, load_agent_yaml, parse_camera,
                        parse_objects, read_depth_png, read_rgb_png, require)
@@ -150,9 +150,10 @@ class OPV2VReader(IndexedReader):
             raise DataFormatError(self._split_dir, f"no frames found (expected {LAYOUT})")
         if self.max_agents is not None:
             keys = [(s, t, a[:self.max_agents]) for s, t, a in keys]
-        self._keys = keys
-        self._set_faults(layout_faults(self._split_dir, layout, self.lidar_ext), self._split_dir,
-                         {(s, t) for s, t, _ in keys})
+        faults = layout_faults(self._split_dir, layout, self.lidar_ext)
+        disputed = disputed_frames(faults)  # a renamed or stray file's timestamp is no frame
+        self._keys = keys = [k for k in keys if k[:2] not in disputed]
+        self._set_faults(faults, self._split_dir, {(s, t) for s, t, _ in keys})
         if hetero_root is not None and not Path(hetero_root).is_dir():
             raise DataFormatError(hetero_root, "hetero_root does not exist or is not a directory")
         self.hetero_root = Path(hetero_root) if hetero_root is not None else default_hetero_root(self.root)

@@ -135,7 +135,9 @@ def test_renamed_timestamp_names_the_lone_file(data, caplog):
     assert any(t.startswith(str(agent_file(data, 20, "000070"))) for t in texts)  # and the hole it left
     assert sorted(f.kind for f in r.faults) == ["missing", "stray"]
     assert str(lone) in caplog.text
-    assert len(r) == 5 and r.agent_ids(2) == (20,)  # the extra one-agent frame, now named
+    # a renamed timestamp adds no frame: the frames are the intact recording's (agent 20 left out at 70)
+    assert r.samples == [(SCEN, t) for t in STAMPS] and r.agent_ids(1) == (10, 30)
+    assert "no frame" in stray[0] and "is indexed" in stray[0]
     with pytest.raises(DataFaultError) as err:
         reader(data, strict=True)
     assert str(lone) in str(err.value) and "2 data faults" in str(err.value)
@@ -150,6 +152,8 @@ def test_two_agents_renamed_timestamp_is_a_mismatch_naming_both_sides(tmp_path):
     msg = next(str(w.message) for w in rec if "000071 exists for" in str(w.message))
     assert msg.startswith(str(agent_file(root, 20, "000071"))) and str(agent_file(root, 10, "000071")) in msg
     assert sorted(f.kind for f in r.faults) == ["mismatch", "mismatch"]
+    # a tie cannot tell the renamed file from a lost one: neither side is a frame, no frame is added
+    assert r.samples == [(SCEN, t) for t in STAMPS if t != "000070"]
 
 
 def test_yaml_without_point_cloud_is_named_at_index_time(data):
@@ -316,3 +320,19 @@ def test_data_strict_reaches_the_reader_through_the_experiment(data, tmp_path):
             build_dataset(cfg, "train", train=False)
     with pytest.warns(DataFaultWarning):
         assert len(build_dataset(load_experiment(path), "train", train=False)) == len(STAMPS)
+
+
+def test_a_renamed_timestamp_does_not_change_the_frames_an_evaluation_scores(data, tmp_path):
+    """The evaluation's dataset (build_dataset, train=False) of data with one agent's file renamed holds
+    the intact recording's frames, warned about; data.strict refuses the split, naming the lone file."""
+    from opencood_ext.experiment import build_dataset, load_experiment
+    from tiny_runs import PP, tiny_config
+    path = tiny_config(tmp_path, data, "renamed_exp", {"m1": PP}, {"fusion": "late"})
+    intact = build_dataset(load_experiment(path), "train", train=False).reader.samples
+    for ext in ("yaml", "pcd"):
+        agent_file(data, 20, "000070", ext).rename(agent_file(data, 20, "000071", ext))
+    with pytest.warns(DataFaultWarning, match="no frame .*000071 is indexed"):
+        ds = build_dataset(load_experiment(path), "train", train=False)
+    assert ds.reader.samples == intact and len(ds) == len(STAMPS)
+    with pytest.raises(DataFaultError, match=re.escape(str(agent_file(data, 20, "000071")))):
+        build_dataset(load_experiment(path, ["data.strict=true"]), "train", train=False)
