@@ -109,12 +109,16 @@ def ego_only(run: Path, fusion: str, res: dict, profile: Profile) -> dict:
 def robustness_sweep(rows: Sequence[ResultRow], out: Path, profile: Profile, seed: int) -> Path:
     """Every method row's run, as evaluated in the table, under pose noise, latency and message loss on
     the same seeded channel (``gencomm-robustness``; reuses the evaluations already in the run
-    folders); -> ``out/robustness.json``."""
+    folders); -> ``out/robustness.json``. On a separate test set of one-frame scenes latency is not swept (its
+    only level is 0): a collaborator's data cannot come from an earlier frame of its scene."""
     argv = ["--sweep", "all", "-o", str(out), "--channel_seed", str(seed), *cache_args(profile)]
     for r in rows:
         argv += ["--runs", f"{r.method}={r.run}:{r.eval.details['fusion']}"]
-    for effect, levels in profile.robustness.items():
-        argv += [f"--{effect}", levels]
+    levels = dict(profile.robustness)
+    if profile.test_scenes > 0 and profile.test_frames == 1:
+        levels["latency"] = "0"  # one-frame scenes: no earlier frame to delay a collaborator to
+    for effect, value in levels.items():
+        argv += [f"--{effect}", value]
     call(Command("gencomm-robustness", argv + sets(profile.overrides)))
     return out / "robustness.json"
 

@@ -192,6 +192,10 @@ def robustness_section(out: Path, rows: Sequence[ResultRow] = ()) -> list:
              "AP@0.7 in the global order. Pose noise: Gaussian on each collaborator's transmitted x, y (std in "
              "m) and yaw (std in deg); latency: each collaborator's data and pose from that many frames "
              "earlier; loss: each message lost with that probability.", ""]
+    latency = data["effects"].get("latency")
+    if latency and [float(v) for v in latency.get("levels", [])] == [0.0]:
+        lines += ["Latency is not swept here: the test scenes have one frame each, so a collaborator's data "
+                  "cannot come from an earlier frame (a sweep on such scenes would show no effect at any level).", ""]
     drop = data["effects"].get("drop")
     if drop and drop.get("off") and 1.0 in drop["levels"]:
         k = drop["levels"].index(1.0)

@@ -98,6 +98,12 @@ def test_the_robustness_sweep_runs_every_row_in_process(tmp_path, monkeypatch, n
     assert path == tmp_path / "rob" / "robustness.json" and cmd.program == "gencomm-robustness"
     assert "No fusion=/r/none:none" in cmd and "GenComm (m3 onboarded)=/r/gc:intermediate" in cmd
     assert cmd.value("--channel_seed") == "3" and cmd.value("--noise") == "0,0.6"
+    # the quick profile's separate test set has one frame per scene: latency cannot delay anything there
+    assert cmd.value("--latency") == "0" and cmd.value("--drop") == "0,1"
+    calls.clear()
+    own_split = dataclasses.replace(PROFILES["quick"], test_scenes=0)  # the dataset's 3-frame scenes: swept
+    pipeline.robustness_sweep(rows, tmp_path / "rob", own_split, seed=3)
+    assert calls[0].value("--latency") == "0,3"
 
 
 def _committed(pattern):

@@ -176,3 +176,22 @@ def test_increment_of_alliances_on_different_frames_says_so(tmp_path):
     row = ResultRow("gencomm", "GenComm", Evaluation({}), run=str(run), train_wall_s=0, trainable_params=0)
     text = "\n".join(increments_section([row], ["m1", "m2"]))
     assert "| GenComm | not paired: " in text
+
+
+def test_the_robustness_section_says_latency_was_not_swept_on_one_frame_scenes(tmp_path):
+    import json as _json
+    from experiments.report import robustness_section
+    point = {"ap": {"0.3": 0.8, "0.5": 0.7, "0.7": 0.3}}
+    effects = {"latency": {"title": "Latency", "axis": "frames", "levels": [0], "results": {"No fusion": [point]}},
+               "noise": {"title": "Pose noise", "axis": "m", "levels": [0.0, 0.2],
+                         "results": {"No fusion": [point, point]}}}
+    (tmp_path / "robustness").mkdir()
+    (tmp_path / "robustness" / "robustness.json").write_text(_json.dumps(
+        {"settings": {"channel_seed": 0}, "runs": [{"label": "No fusion", "run_dir": "/r/m1_none"}], "effects": effects}))
+    text = "\n".join(robustness_section(tmp_path))
+    assert "Latency is not swept here" in text
+    effects["latency"]["levels"] = [0, 1]
+    effects["latency"]["results"]["No fusion"] = [point, point]
+    (tmp_path / "robustness" / "robustness.json").write_text(_json.dumps(
+        {"settings": {"channel_seed": 0}, "runs": [{"label": "No fusion", "run_dir": "/r/m1_none"}], "effects": effects}))
+    assert "Latency is not swept" not in "\n".join(robustness_section(tmp_path))
