@@ -30,6 +30,8 @@ BENCHMARKS = {
     "warp": ("experiments.bench.warp_sensitivity", "AP a trained detector loses when its own feature is warped"),
     "job": ("experiments.bench.job_cost", "the main job's minutes per kind of step, projected from measured steps "
             "(with and without the feature cache)"),
+    "receiver_load": ("experiments.bench.receiver_load", "senders x messages/s one core verifies, decodes and fuses "
+                      "(late, intermediate, GenComm; unsigned, HMAC, Ed25519) over loopback, latency p50/p95/p99"),
     "voxelize": ("experiments.bench.voxelize", "voxeliser ms per 30k-120k point cloud: pure PyTorch vs spconv, equality"),
 }
 
