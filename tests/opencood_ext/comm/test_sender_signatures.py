@@ -4,9 +4,6 @@ another member and a revoked key is refused; each packet carries a sequence numb
 time inside what is signed, and a receiver refuses a replayed sequence (same frame, later frame,
 within and beyond its window) and ages messages in seconds. The old HMAC and unsigned modes still
 work. Nothing here depends on timing: every clock is a number the test sets."""
-import struct
-import zlib
-
 import numpy as np
 import pytest
 import torch
@@ -15,7 +12,7 @@ import yaml
 from opencood_ext.comm import Message, decode, encode, wire
 from opencood_ext.comm.messages import Acceptance, ReceiverContext, receive_frame, receive_packet
 from opencood_ext.comm.signing import STAMP, KeyRegistry, ReplayWindow, SenderKeys, Signer, keygen, public_hex
-from test_message_auth import KEY
+from test_message_auth import KEY, _resign_header  # header fields changed, CRCs valid, trailer kept
 
 torch.set_num_threads(1)
 IDS = (10, 20, 30)  # the synthetic frames' agents
@@ -32,15 +29,6 @@ def _msg(sender=10, timestamp=40.0):
     pose = np.eye(4)
     pose[:3, 3] = [5.0, 1.0, 1.8]
     return Message(sender, "m1", timestamp, pose, torch.arange(12, dtype=torch.float32).reshape(1, 3, 4))
-
-
-def _with_header(packet: bytes, **fields) -> bytes:
-    """``packet`` with header fields changed (f4: sender id, ...) and both CRCs valid; the trailer kept."""
-    f = list(wire.HEADER.unpack(packet[:wire.HEADER.size]))
-    for index, value in fields.items():
-        f[int(index[1:])] = value
-    head = wire.HEADER.pack(*f)
-    return head + struct.pack("<I", zlib.crc32(head)) + packet[wire.HEADER_SIZE:]
 
 
 def _limits(alliance):
@@ -75,9 +63,9 @@ def test_a_member_cannot_sign_as_another_member(alliance):
     with pytest.raises(wire.MessageError, match="sender 10's key cannot sign a message from sender 20"):
         encode(_msg(sender=20), signer=keys.get(10))
     honest = encode(_msg(sender=10), signer=keys.get(10))
-    body = _with_header(honest, f4=20)[:-wire.TRAILER_SIZE]
+    body = _resign_header(honest, f4=20)[:-wire.TRAILER_SIZE]
     forged = {"10's key over id 20": body + keys.get(10).seal(body, 2.0),
-              "id rewritten after signing": _with_header(honest, f4=20),
+              "id rewritten after signing": _resign_header(honest, f4=20),
               "outsider's key as 20": encode(_msg(sender=20), signer=Signer.generate(20))}
     for name, packet in forged.items():
         with pytest.raises(wire.MessageError, match="^bad signature: not signed with sender 20's registered key"):
