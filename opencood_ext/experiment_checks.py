@@ -120,7 +120,7 @@ def check_choices(cfg) -> None:
       hold an allowed value; layer widths, strides and counts are not negative;
     * each stack's voxel grid, backbone levels and the anchors fit (:func:`check_geometry`).
     """
-    from .data.dataset import type_override
+    from .data.data_config import type_override
     from .models import ENCODERS
     from .models.detector import FUSION_OPS
     from .models.links import LINKS

@@ -145,3 +145,18 @@ class DataConfig:
         if not set(mapping.values()) & set(self.agent_types):
             raise FieldError(f"data.type_mapping {mapping} maps every type outside data.agent_types "
                              f"{sorted(self.agent_types)}: every agent would be left out", "type_mapping", "agent_types")
+
+
+def type_override(modality: str) -> Optional[List[str]]:
+    """Types forced on agents by ``modality``, cycled over the sorted agents, or None.
+
+    "all:m1" -> ["m1"] (every agent is m1: stage-1 training); "cycle:m1,m3" ->
+    ["m1", "m3"] (m1, m3, m1, ... by sorted id). Anything else is left to the reader.
+    """
+    for prefix in ("all:", "cycle:"):
+        if modality.startswith(prefix):
+            types = [t.strip() for t in modality[len(prefix):].split(",") if t.strip()]
+            if not types or (prefix == "all:" and len(types) != 1):
+                raise ValueError(f"data.modality {modality!r}: expected 'all:<type>' or 'cycle:<t1>,<t2>,...'")
+            return types
+    return None

@@ -50,8 +50,9 @@ from ..geometry import invert_transform, transform_points
 from .augment import sample_augmentation
 from .camera_crop import cropped_intrinsics, reference_image_crop, resize_crop
 from .data_config import AgentTypeData, DataConfig  # noqa: F401  (re-exported: the data schema lives there)
+from .data_config import type_override
 from .errors import DataFormatError, SkippedFrame
-from .frame import AgentObs, Frame
+from .frame import AgentObs, Frame, timestamp_value
 from .ground_truth import frame_ground_truth
 from .reference import (reference_ego_first, reference_order, reference_selection, remove_own_points,
                         side_label_ground_truth)
@@ -62,30 +63,6 @@ log = logging.getLogger(__name__)
 
 IMAGE_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 IMAGE_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
-
-
-def timestamp_value(ts) -> float:
-    """A frame's timestamp as a number for message headers (0.0 when it is not numeric)."""
-    try:
-        value = float(ts)
-    except (TypeError, ValueError):
-        return 0.0
-    return value if np.isfinite(value) else 0.0
-
-
-def type_override(modality: str) -> Optional[List[str]]:
-    """Types forced on agents by ``modality``, cycled over the sorted agents, or None.
-
-    "all:m1" -> ["m1"] (every agent is m1: stage-1 training); "cycle:m1,m3" ->
-    ["m1", "m3"] (m1, m3, m1, ... by sorted id). Anything else is left to the reader.
-    """
-    for prefix in ("all:", "cycle:"):
-        if modality.startswith(prefix):
-            types = [t.strip() for t in modality[len(prefix):].split(",") if t.strip()]
-            if not types or (prefix == "all:" and len(types) != 1):
-                raise ValueError(f"data.modality {modality!r}: expected 'all:<type>' or 'cycle:<t1>,<t2>,...'")
-            return types
-    return None
 
 
 class CooperativeDataset(Dataset):

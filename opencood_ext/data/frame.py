@@ -139,3 +139,12 @@ def sort_agent_ids(ids):
     """Vehicles (id >= 0) ascending, then roadside units (negative ids) by |id|."""
     ids = [int(i) for i in ids]
     return sorted([i for i in ids if i >= 0]) + sorted([i for i in ids if i < 0], key=abs)
+
+
+def timestamp_value(ts) -> float:
+    """A frame's timestamp as a number for message headers (0.0 when it is not numeric)."""
+    try:
+        value = float(ts)
+    except (TypeError, ValueError):
+        return 0.0
+    return value if np.isfinite(value) else 0.0

@@ -154,7 +154,7 @@ def test_alliance_filter_and_clear_errors():
 
 
 def test_modality_overrides():
-    from opencood_ext.data.dataset import type_override
+    from opencood_ext.data.data_config import type_override
     assert type_override("all:m3") == ["m3"] and type_override("cycle:m1, m3") == ["m1", "m3"]
     assert type_override("in_order") is None
     with pytest.raises(ValueError, match="all:<type>"):
