@@ -3,7 +3,7 @@
 change with the alliance.
 
 Main table: :data:`NO_FUSION`, :data:`LATE`, :data:`EARLY`, :data:`INTERMEDIATE` (full feature),
-:data:`GENCOMM`. Heterogeneous benchmark: the onboarding methods by their key
+:data:`GENCOMM`, :data:`GENCOMM_EGOTARGET` (beyond the paper). Heterogeneous benchmark: the onboarding methods by their key
 (:data:`ONBOARDING_ROWS`: ``gencomm``, ``backalign``, ...) and the two rows built from the stage-1 runs
 without training, :data:`LATE_OF_STAGE1` and :data:`NONE_OF_STAGE1`.
 
@@ -20,6 +20,10 @@ LATE = "late"
 EARLY = "early"
 INTERMEDIATE = "intermediate"  # full-feature intermediate fusion
 GENCOMM = "gencomm"
+# beyond the paper (issue 49 item 5), beside the faithful GenComm in every table: onboarding trains the new
+# type's message extractor also to make the ego's generator regenerate the sender's scan as the ego's frozen
+# encoder reads it (gencomm.onboarding.GenCommEgoTargetOnboarding; the onboarding method key too)
+GENCOMM_EGOTARGET = "gencomm_egotarget"
 LATE_OF_STAGE1 = "late_of_stage1"  # benchmark: each agent detects with its own stage-1 run
 NONE_OF_STAGE1 = "none_of_stage1"  # benchmark: the ego's stage-1 run alone
 

@@ -42,6 +42,16 @@ class GenCommLink(nn.Module):
     generation_weight: weight of the generation loss (:meth:`losses`; the reference's
         ``loss.args.generate_weight``), an MSE between generated and real features
         (stage 1; 0 in stage 2, where sender and receiver live in different semantic spaces).
+    generation_target: what a message from a sender of ANOTHER type than its receiver (stage 2: a new
+        type's) is trained to make the receiver's generator regenerate. ``none`` (the paper): nothing,
+        stage 2 trains on the detection loss alone. ``ego_encoder`` (beyond the paper, training only):
+        the sender's own scan encoded by the RECEIVER type's frozen encoder (the data gives every agent
+        every sensor: :mod:`opencood_ext.data.ego_type_input`), compared with the received feature as the
+        stage-1 generation loss compares it (generated, enhanced, warped; the target warped alike, over
+        the cells the sender covers), times ``generation_target_weight``; loss part
+        ``generation_ego_encoder``. Refused under protocol reference. Messages of the receiver's own
+        type get no such term. At evaluation nothing changes: the message stays the DME's.
+    generation_target_weight: that term's weight.
     wire_dtype: payload dtype on the wire in evaluation: float32, float16, int8.
     missing_message: in evaluation only, each element of every received message (channel, row,
         column) is zeroed with this probability, independently, before generation; the receiver's
@@ -54,13 +64,20 @@ class GenCommLink(nn.Module):
     def __init__(self, channels: int, agent_types: List[str], lidar_range,
                  message: Optional[dict] = None, generator: Optional[dict] = None,
                  enhancer: Optional[dict] = None, warp_before_generation: Optional[bool] = None,
-                 generation_weight: float = 1.0,
+                 generation_weight: float = 1.0, generation_target: Literal["none", "ego_encoder"] = "none",
+                 generation_target_weight: float = 1.0,
                  wire_dtype: Literal["float32", "float16", "int8"] = "float16", missing_message: float = 0.0):
         super().__init__()
         if not 0.0 <= float(missing_message) <= 1.0:
             raise ValueError(f"model.link.missing_message must be a probability in [0, 1] (the share of each received "
                              f"message's elements zeroed in evaluation), got {missing_message!r}")
         self.missing_message = float(missing_message)
+        if generation_target not in ("none", "ego_encoder"):
+            raise ValueError(f"model.link.generation_target must be none or ego_encoder, got {generation_target!r}")
+        if generation_target_weight < 0:
+            raise ValueError(f"model.link.generation_target_weight must be >= 0, got {generation_target_weight!r}")
+        self.generation_target = generation_target
+        self.generation_target_weight = float(generation_target_weight)
         message, generator, enhancer = dict(message or {}), dict(generator or {}), dict(enhancer or {})
         self.lidar_range = list(lidar_range)
         self.dme = nn.ModuleDict({t: DeformableMessageExtractor(in_channels=channels, **message)
@@ -89,7 +106,22 @@ class GenCommLink(nn.Module):
         carry only the computation, which is native under equalized too. A true
         ``warp_before_generation`` under reference is refused here, at build time, naming the key."""
         self.warps_first(protocol)
+        if protocol == "reference" and self.needs_ego_type_features:
+            raise ValueError("model.link.generation_target: ego_encoder is beyond the paper and refused under "
+                             "protocol reference (the reference GenComm trains stage 2 on the detection loss only); "
+                             "set it to none")
         self.model_protocol = protocol
+
+    @property
+    def needs_ego_type_features(self) -> bool:
+        """Whether training reads :attr:`Arrival.ego_type_features` (``generation_target: ego_encoder``)."""
+        return self.generation_target == "ego_encoder"
+
+    @staticmethod
+    def needs_ego_type_inputs(spec: dict) -> bool:
+        """Whether a training set for the link spec ``spec`` (``model.link``) must carry each collaborator's
+        scan as its ego type reads it (``CooperativeDataset(ego_type_inputs=True)``)."""
+        return spec.get("generation_target", "none") == "ego_encoder"
 
     def extract_before_padding(self, shapes: Dict[str, Tuple[Tuple[int, int], Tuple[int, int]]]) -> None:
         """Protocol ``reference`` (set by the detector, derived from the agent types' stacks): per type
@@ -219,10 +251,34 @@ class GenCommLink(nn.Module):
             if self.generation_weight <= 0:
                 return {}
             return {"generation": self.generation_weight * self._reference_generation_loss(record, sender_features)}
-        if self.generation_weight <= 0 or not len(received):
+        out: Dict[str, Tensor] = {}
+        if self.generation_weight > 0 and len(received):
+            target = warp_to_ego(sender_features.detach(), arrival.T_ego_from_sender, self.lidar_range)
+            out["generation"] = self.generation_weight * generation_loss(received, target, arrival.valid)
+        if self.needs_ego_type_features and len(received):
+            out.update(self._ego_encoder_loss(received, arrival))
+        return out
+
+    def _ego_encoder_loss(self, received: Tensor, arrival: Arrival) -> Dict[str, Tensor]:
+        """``generation_target: ego_encoder``: over the messages whose sender type differs from the
+        receiver's, the stage-1 generation loss's MSE between ``received`` (n, C, H, W: generated,
+        enhanced, ego frame) and the sender's scan as the receiver type's frozen encoder reads it
+        (``arrival.ego_type_features``, sender frame, warped to the ego here, detached), over the cells
+        the sender covers; {} when every message is of its receiver's type."""
+        cross = [k for k, (s, r) in enumerate(zip(arrival.sender_types, arrival.receiver_types)) if s != r]
+        if not cross:
             return {}
-        target = warp_to_ego(sender_features.detach(), arrival.T_ego_from_sender, self.lidar_range)
-        return {"generation": self.generation_weight * generation_loss(received, target, arrival.valid)}
+        has = arrival.has_ego_type_feature
+        if arrival.ego_type_features is None or has is None or not bool(has[cross].all()):
+            raise ValueError("model.link.generation_target ego_encoder: a message from a sender of another type "
+                             "than its receiver arrived without that sender's scan as the receiver type reads it; "
+                             "train on a dataset built with ego_type_inputs (experiment.build_dataset does it "
+                             "for this link)")
+        idx = torch.as_tensor(cross, device=received.device)
+        target = warp_to_ego(arrival.ego_type_features[idx].detach(), arrival.T_ego_from_sender[idx],
+                             self.lidar_range)
+        loss = generation_loss(received[idx], target, arrival.valid[idx])
+        return {"generation_ego_encoder": self.generation_target_weight * loss}
 
     @staticmethod
     def _reference_generation_loss(record: Optional[dict], sender_features: Tensor) -> Tensor:

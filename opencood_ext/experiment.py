@@ -27,11 +27,13 @@ from opencood_ext.comm.receiver import ReceiverConfig
 from opencood_ext.config import ConfigError, FieldError, check_plain_name, config_error, config_to_dict, load_config
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset, DataConfig
+from opencood_ext.data.ego_type_input import check_ego_type_inputs
 from opencood_ext.data.errors import DataFormatError
 from opencood_ext.data.formats import get_reader
 from opencood_ext import methods  # noqa: F401  (registers the heterogeneous baselines' links)
 from opencood_ext.models import build, voxel_sizes
 from opencood_ext.models.fusion_methods import FUSION_METHODS, FusionMethod
+from opencood_ext.models.links import LINKS
 
 from .experiment_checks import check_choices
 from .models.detector import CooperativeDetector
@@ -228,15 +230,30 @@ def build_dataset(cfg: ExperimentConfig, split: str, train: bool, fusion: Option
         reader = get_reader(data.format, data.root, split, **kw)
     except TypeError as exc:
         raise config_error(cfg, ("data", "reader_options"), exc) from None
+    views = train and method.needs_link and needs_ego_type_inputs(cfg.model.get("link"))
+    if views:  # GenComm's ego-encoder target (data/ego_type_input.py): refused where agents lack the ego's sensor
+        try:
+            check_ego_type_inputs(data.format, computation_of(cfg.protocol))
+        except ValueError as exc:
+            raise config_error(cfg, ("model", "link", "generation_target"), exc) from None
     try:
         sizes = voxel_sizes(cfg.model)
         return CooperativeDataset(reader, data, sizes, train=train, cooperation=method.dataset_agents(train),
                                   seed=cfg.train.seed, latency_frames=latency_frames,
-                                  protocol=computation_of(cfg.protocol))
+                                  protocol=computation_of(cfg.protocol), ego_type_inputs=views)
     except DataFormatError:
         raise
     except ValueError as exc:  # the data section does not fit the model (e.g. a LiDAR type without encoder)
         raise config_error(cfg, ("data",), exc) from None
+
+
+def needs_ego_type_inputs(link: Optional[dict]) -> bool:
+    """Whether the ``model.link`` spec ``link`` trains on each collaborator's scan as its ego type reads
+    it: the link class's ``needs_ego_type_inputs(spec)`` (GenComm's ``generation_target: ego_encoder``);
+    False for a link without one, or an unregistered type (the model build names that)."""
+    cls = LINKS.get(str((link or {}).get("type")))
+    ask = getattr(cls, "needs_ego_type_inputs", None)
+    return bool(ask is not None and ask(dict(link)))
 
 
 collate = collate_samples

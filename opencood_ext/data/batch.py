@@ -37,6 +37,10 @@ class Batch:
     agent_times: (N,) the timestamp each agent's data was taken at (its messages carry it).
     points: early fusion: (N,) raw (P_i, 4) LiDAR points in each agent's own frame (None for a
         camera agent); empty otherwise.
+    ego_type_inputs: training with GenComm's ego-encoder target only: per EGO type r, a LidarInput of
+        the collaborators (of other types) of the samples whose ego is of type r, each agent's own scan
+        as type r reads it, in the frame of that agent's own input; ego_type_index[r]: (n_r,) long
+        their positions in the flattened agent list, in the LidarInput's row order. Empty otherwise.
     """
 
     agent_types: List[str]
@@ -53,6 +57,8 @@ class Batch:
     timestamps: List[str] = field(default_factory=list)
     agent_times: List[float] = field(default_factory=list)
     points: List[Optional[torch.Tensor]] = field(default_factory=list)
+    ego_type_inputs: Dict[str, LidarInput] = field(default_factory=dict)
+    ego_type_index: Dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -91,7 +97,9 @@ class Batch:
             gt_boxes=[g.to(device) for g in self.gt_boxes],
             num_points=self.num_points.to(device), gt_classes=[g.to(device) for g in self.gt_classes],
             scenarios=self.scenarios, timestamps=self.timestamps, agent_times=self.agent_times,
-            points=[None if p is None else p.to(device) for p in self.points])
+            points=[None if p is None else p.to(device) for p in self.points],
+            ego_type_inputs={k: v.to(device) for k, v in self.ego_type_inputs.items()},
+            ego_type_index={k: v.to(device) for k, v in self.ego_type_index.items()})
 
 
 def collate_samples(samples: List[Optional[Sample]]) -> Optional[Batch]:
@@ -125,6 +133,7 @@ def collate_samples(samples: List[Optional[Sample]]) -> Optional[Batch]:
                 K=torch.from_numpy(np.stack([m.K for m in members])),
                 T_lidar_from_camera=torch.from_numpy(np.stack([m.T_lidar_from_camera for m in members])),
                 depth=depth)
+    ego_type_inputs, ego_type_index = _ego_type_inputs(samples)
     return Batch(
         agent_types=types,
         agent_ids=[a.agent_id for a in flat],
@@ -138,4 +147,22 @@ def collate_samples(samples: List[Optional[Sample]]) -> Optional[Batch]:
         scenarios=[s.scenario for s in samples], timestamps=[s.timestamp for s in samples],
         agent_times=[float(a.timestamp) for a in flat],
         points=[None if a.points is None else torch.from_numpy(a.points) for a in flat]
-        if any(a.points is not None for a in flat) else [])
+        if any(a.points is not None for a in flat) else [],
+        ego_type_inputs=ego_type_inputs, ego_type_index=ego_type_index)
+
+
+def _ego_type_inputs(samples: List[Sample]):
+    """(per ego type r: LidarInput of the agents' ``ego_type_voxels`` in samples of an r ego, per r:
+    (n_r,) long positions of those agents in the flattened list); ({}, {}) when no agent has one."""
+    rows: Dict[str, List[int]] = {}
+    voxels: Dict[str, list] = {}
+    pos = 0
+    for s in samples:
+        r = s.agents[0].agent_type
+        for a in s.agents:
+            if a.ego_type_voxels is not None:
+                rows.setdefault(r, []).append(pos)
+                voxels.setdefault(r, []).append(a.ego_type_voxels)
+            pos += 1
+    return ({r: LidarInput.from_batch(collate_voxels(v), len(v)) for r, v in voxels.items()},
+            {r: torch.as_tensor(i, dtype=torch.long) for r, i in rows.items()})

@@ -51,6 +51,7 @@ from .augment import sample_augmentation
 from .camera_crop import cropped_intrinsics, reference_image_crop, resize_crop
 from .data_config import AgentTypeData, DataConfig  # noqa: F401  (re-exported: the data schema lives there)
 from .data_config import type_override
+from .ego_type_input import EgoTypeInputs
 from .errors import DataFormatError, SkippedFrame
 from .frame import AgentObs, Frame, timestamp_value
 from .ground_truth import frame_ground_truth
@@ -74,11 +75,14 @@ class CooperativeDataset(Dataset):
     the same scenario, clamped at its first frame (OpenCOOD's time-delay protocol); evaluation
     only. A collaborator absent from the earlier frame sends nothing.
     protocol: "native" or "reference" (the experiment's ``protocol:``; module docstring).
+    ego_type_inputs: training only: each collaborator of another type than the ego's also carries its
+    scan as the ego type reads it (:mod:`~opencood_ext.data.ego_type_input`, GenComm's ego-encoder target).
     """
 
     def __init__(self, reader, cfg: DataConfig, voxel_sizes: Dict[str, Optional[tuple]], train: bool,
                  cooperation: Literal["all", "ego_only", "early"] = "all", seed: int = 0,
-                 latency_frames: int = 0, protocol: Literal["native", "reference"] = "native"):
+                 latency_frames: int = 0, protocol: Literal["native", "reference"] = "native",
+                 ego_type_inputs: bool = False):
         if protocol not in ("native", "reference"):
             raise ValueError(f"protocol must be 'native' or 'reference', got {protocol!r}")
         self.protocol = protocol
@@ -118,6 +122,9 @@ class CooperativeDataset(Dataset):
                                               spec.max_points_per_voxel, spec.max_voxels)
         if cooperation == "early" and not any(t.sensor == "lidar" for t in cfg.agent_types.values()):
             raise ValueError("early fusion merges LiDAR points, but data.agent_types has no LiDAR type")
+        if ego_type_inputs and not train:
+            raise ValueError("ego_type_inputs are a training target (GenComm's ego-encoder target), not evaluated")
+        self.ego_type_inputs = EgoTypeInputs(self) if ego_type_inputs else None
         self.skipped: set = set()  # indices of frames left out (skip_bad_frames), in this process
 
     @property
@@ -204,6 +211,18 @@ class CooperativeDataset(Dataset):
                                   f"(OPV2V-H; looked in the agent's folder and hetero_root), which is missing",
                                   key=f"agent {agent.agent_id}")
         return agent.lidar_beams[beams]
+
+    def _placed(self, pts: Optional[np.ndarray], a: AgentObs, ego: AgentObs, T_augego_from_world: np.ndarray):
+        """Agent ``a``'s (N, 4) scan in the frame its input is expressed in, and that frame's pose in the
+        world: the augmented ego frame for the ego (its feature needs no warp) and, with
+        ``collaborator_frame: ego``, every LiDAR agent; a roadside unit's virtual LiDAR; else its own."""
+        pose = a.T_world_from_lidar
+        T = T_augego_from_world @ pose
+        if pts is not None and (a is ego or self.cfg.collaborator_frame == "ego") and not np.allclose(T, np.eye(4)):
+            return transform_points(T, pts), invert_transform(T_augego_from_world)
+        if pts is not None and a.is_rsu and a is not ego:
+            return self._virtual_lidar(pts, a, ego)
+        return pts, pose
 
     @staticmethod
     def _virtual_lidar(pts: np.ndarray, rsu: AgentObs, ego: AgentObs):
@@ -358,18 +377,13 @@ class CooperativeDataset(Dataset):
             for a, ts in zip(agents, times):
                 t = a.agent_type
                 spec = self.cfg.agent_types[t]
-                pose = a.T_world_from_lidar
                 pts = self.lidar_points(a, spec.lidar_beams, frame if ts == times[0] else None) \
                     if spec.sensor == "lidar" else None
-                move = a is ego or self.cfg.collaborator_frame == "ego"
-                T = T_augego_from_world @ pose
-                if move and pts is not None and not np.allclose(T, np.eye(4)):
-                    # the ego's own points go into the augmented frame so its feature needs no warp
-                    # (and every LiDAR agent's, with collaborator_frame "ego")
-                    pts, pose = transform_points(T, pts), T_world_from_augego
-                elif pts is not None and a.is_rsu and a is not ego:
-                    pts, pose = self._virtual_lidar(pts, a, ego)
+                pts, pose = self._placed(pts, a, ego, T_augego_from_world)
                 item = AgentInput(a.agent_id, t, np.asarray(pose, np.float64), ts)
+                if self.ego_type_inputs is not None and t != ego.agent_type:  # GenComm's ego-encoder target
+                    item.ego_type_voxels = self.ego_type_inputs(index, a, ego, frame if ts == times[0] else None,
+                                                                T_augego_from_world)
                 if pts is not None:
                     if t not in self.voxelizers:
                         raise ValueError(f"agent {a.agent_id} is of type {t}, for which the model has no "

@@ -35,6 +35,10 @@ class AgentInput:
     K: Optional[np.ndarray] = None  # (Ncam, 3, 3) scaled to image_size
     T_lidar_from_camera: Optional[np.ndarray] = None  # (Ncam, 4, 4)
     depth: Optional[np.ndarray] = None  # (Ncam, H, W) float32 metres or None
+    # training with GenComm's ego-encoder target only: this collaborator's scan as its sample's EGO type
+    # reads it (that type's beams and voxel size), in the same frame as ``voxels``
+    # (:mod:`~opencood_ext.data.ego_type_input`); None otherwise
+    ego_type_voxels: Optional[VoxelData] = None
 
 
 @dataclass

@@ -52,6 +52,10 @@ class OnboardingMethod:
         """Raise ValueError when ``run``, whose config's ``model:`` section is ``model``, cannot serve as a
         stage-1 run for this method."""
 
+    def check_stage2(self, link: Optional[dict], config) -> None:
+        """Raise ValueError when the stage-2 yaml ``config``, whose ``model.link`` is ``link``, does not
+        configure this method (a method whose options live in the link says which it needs)."""
+
     def cost(self, model, t: str, batch) -> Tuple[int, float]:
         """(trainable parameters, GFLOPs) of what trains for new type ``t``: the parameters under
         ``trainable(t)`` (exact; a module shared by several prefixes counted once), and the FLOPs

@@ -47,6 +47,7 @@ from ..data.voxelize import Voxelizer, collate_voxels, grid_shape
 from ..geometry.iou import rotated_nms
 from ..postprocess import Detections, reference_merge, reference_rules
 from ..registry import Registry
+from .ego_type_target import attach_ego_type_features
 from .head import HeadOutput
 from .links import Arrival
 from .warp import warp_mask, warp_to_ego
@@ -360,6 +361,8 @@ class IntermediateFusion(FusionMethod):
         receiver = torch.as_tensor(arrived.receiver, device=device)
         arrival = Arrival(T, list(arrived.agent_type), own[receiver], [receivers[r] for r in arrived.receiver], valid,
                           protocol=model.computation)
+        if model.training and getattr(model.link, "needs_ego_type_features", False):  # GenComm's ego-encoder target
+            attach_ego_type_features(model, batch, arrived.source_row, arrival)
         got = model.link.receive(arrived.stacked().to(device), arrival)
         losses = model.link.losses(got, feats[torch.as_tensor(arrived.source_row, device=device)], arrival) \
             if model.training else {}

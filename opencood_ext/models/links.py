@@ -26,7 +26,7 @@ registers GenComm's when imported; the heterogeneous baselines register in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Literal
+from typing import Dict, List, Literal, Optional
 
 from torch import Tensor, nn
 
@@ -47,7 +47,11 @@ class Arrival:
         receiver's own pose); sender_types: (n,) from the headers; receiver_features: (n, C, H, W)
         each receiver's own feature, ego frame; receiver_types: (n,); valid: (n, 1, H, W) the ego
         cells each sender covers. protocol: the receiving model's (``native`` or ``reference``:
-        follow the reference code's computation, which masks no cells by coverage)."""
+        follow the reference code's computation, which masks no cells by coverage).
+        ego_type_features: training, for a link that asks (``needs_ego_type_features``, GenComm's
+        ego-encoder target): (n, C, H, W) each message's SENDER's own scan encoded by its RECEIVER
+        type's frozen encoder, in the sender's input frame (:mod:`.ego_type_target`), zero where
+        ``has_ego_type_feature`` (n,) bool is False (a sender of the receiver's own type); else None."""
 
     T_ego_from_sender: Tensor
     sender_types: List[str]
@@ -55,6 +59,8 @@ class Arrival:
     receiver_types: List[str]
     valid: Tensor
     protocol: Literal["native", "reference"] = "native"
+    ego_type_features: Optional[Tensor] = None
+    has_ego_type_feature: Optional[Tensor] = None
 
 
 @LINKS.register("full_feature")

@@ -93,6 +93,8 @@ def plan_onboarding(ego_run, new_runs: Sequence, overrides: Sequence[str] = (), 
             raise ValueError(f"{config}: stage.method is {cfg_file.stage.method!r} but --method is {method!r}")
         method = cfg_file.stage.method
     m = get_method(method or "gencomm")
+    if cfg_file is not None:
+        m.check_stage2(cfg_file.model.get("link"), config)
     ego_run, new_runs = Path(ego_run), [Path(r) for r in new_runs]
     ego_cfg, ego_type = _stage1(ego_run, m)
     new: Dict[str, Path] = {}

@@ -13,7 +13,7 @@ import yaml
 
 from opencood_ext.data.batch import collate_samples
 from opencood_ext.data.dataset import CooperativeDataset
-from opencood_ext.experiment import build_model, cooperation_for, load_experiment
+from opencood_ext.experiment import build_model, cooperation_for, load_experiment, needs_ego_type_inputs
 from opencood_ext.data.synthetic import SyntheticReader
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -38,10 +38,13 @@ def test_config_builds(path):
     cfg = load_experiment(path)
     model = build_model(cfg)
     assert model.grid.shape[0] > 0
-    if cfg.stage.new_types and cfg.stage.method == "gencomm":  # the baselines' stage 2: tests/test_onboard_*.py
+    if cfg.stage.new_types and cfg.stage.method in ("gencomm", "gencomm_egotarget"):  # baselines: test_onboard_*.py
         assert model.link is not None and set(cfg.stage.new_types) <= set(model.link.dme)
         assert cfg.model["link"]["generation_weight"] == 0.0
         assert cfg.train.lr == pytest.approx(5e-4)
+        # the faithful stage 2 trains on detection alone; the variant beside it adds the ego-encoder target
+        target = "ego_encoder" if cfg.stage.method == "gencomm_egotarget" else "none"
+        assert model.link.generation_target == target
     if "gencomm_stage1" in path.name:
         assert cfg.train.lr == pytest.approx(2e-3) and model.link.payload_channels == 2
         # the reference's fused width: 256 on V2X-Real, 128 elsewhere (docs/protocol.md)
@@ -60,7 +63,8 @@ def _train_step(path):
     types = list(cfg.data.agent_types)
     reader = SyntheticReader(1, num_agents=max(2, len(types)), types=tuple(types * 2))
     ds = CooperativeDataset(reader, cfg.data, model.voxel_sizes(), train=True,
-                            cooperation=cooperation_for(model.fusion, train=True))
+                            cooperation=cooperation_for(model.fusion, train=True),
+                            ego_type_inputs=needs_ego_type_inputs(cfg.model.get("link")))
     batch = collate_samples([ds[0]])
     out = model(batch)
     loss = model.loss(out, batch)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from experiments.benchmark import METHODS
+from experiments.method_ids import GENCOMM_EGOTARGET
 from opencood_ext.experiment import load_experiment
 
 STAGE2 = Path(__file__).resolve().parents[2] / "configs" / "sim" / "stage2"
@@ -35,7 +36,8 @@ def _budget(cfg):
 def test_every_alliance_has_every_method():
     assert set(ALLIANCES) == {"m1_m2", "m1_m3", "m1_m2m3m4"}
     for alliance, methods in ALLIANCES.items():
-        assert set(methods) == {m for _, m in METHODS}, alliance
+        # every benchmark method, and GenComm's ego-encoder-target variant beside the faithful one
+        assert set(methods) == {m for _, m in METHODS} | {GENCOMM_EGOTARGET}, alliance
 
 
 @pytest.mark.parametrize("alliance", sorted(ALLIANCES))

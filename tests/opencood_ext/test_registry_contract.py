@@ -72,10 +72,13 @@ def _model(registry: str, name: str) -> CooperativeDetector:
                                fusion_args=FUSION_OP_ARGS.get(op), score_threshold=0.01).eval()
 
 
-def _sample(cooperation: str, ego_alone: bool = False):
+def _sample(cooperation: str, ego_alone: bool = False, ego_type_inputs: bool = False):
+    """ego_type_inputs: a training sample whose collaborators also carry their scan as the ego type reads it
+    (GenComm's ego-encoder target, ``gencomm_egotarget``); otherwise an evaluation sample."""
     cfg = DataConfig(lidar_range=RANGE, agent_types={t: AgentTypeData() for t in TYPES})
     reader = SyntheticReader(1, types=("m1", "m2", "m2"))
-    sample = CooperativeDataset(reader, cfg, {t: VOXEL for t in TYPES}, train=False, cooperation=cooperation)[0]
+    sample = CooperativeDataset(reader, cfg, {t: VOXEL for t in TYPES}, train=ego_type_inputs, cooperation=cooperation,
+                                ego_type_inputs=ego_type_inputs)[0]
     if ego_alone:
         sample.agents = sample.agents[:1]
     return sample
@@ -134,7 +137,8 @@ def test_b_onboarding_trains_what_the_method_declares(name):
     # only what the method declares it retrains of the alliance (MPDA's reference set), nothing else
     allowed = {n for n, _ in model.named_parameters() if _under(n, list(method.alliance_parts))}
     assert from_ego == allowed, f"{name} trains weights of the frozen ego's run: {sorted(from_ego - allowed)[:3]}"
-    batch = collate_samples([_sample(model.method.dataset_agents(train=True))])
+    views = getattr(model.link, "needs_ego_type_features", False)  # GenComm's ego-encoder target reads them
+    batch = collate_samples([_sample(model.method.dataset_agents(train=True), ego_type_inputs=views)])
     torch.manual_seed(2)
     model.loss(model(batch), batch).total.backward()
     reached = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is not None and p.grad.any()]
