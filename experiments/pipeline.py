@@ -18,8 +18,9 @@ from opencood_ext.training.runlog import training_wall_time
 
 from .evaluation import Evaluation
 from .lanes import LanePlan, enter_lane, train_side_by_side
-from .method_ids import GENCOMM
-from .profiles import BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE2, TEST_SEED_OFFSET, Profile
+from .method_ids import GENCOMM, GENCOMM_EGOTARGET
+from .profiles import (BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE2, STAGE2_EGOTARGET, TEST_SEED_OFFSET,
+                       Profile)
 from .results import ResultRow, StepTime
 from .run_facts import run_facts
 from .steps import Command, call, sets
@@ -182,6 +183,28 @@ def trainings_longest_first(configs: Path, runs: Path, stage1_types: Sequence[st
     return [(configs / c, runs / Path(c).stem) for c in [*stage1, *full_feature, *competitors, *rest]]
 
 
+def onboard_m3_row(method_id: str, name: str, config: str, step: str, onboard_run: Path, stage1: Dict[str, Path],
+                   data: Path, profile: Profile, evaluation: Profile, steps: Steps, configs: Path,
+                   note: str) -> Tuple[ResultRow, dict]:
+    """Onboard m3 into m1's alliance from the GenComm stage-1 runs ``stage1`` by the stage-2 ``config``
+    (under ``configs``) into ``onboard_run``, evaluate it (and with the collaborators off) with the
+    ``evaluation`` profile; -> (the main-table row ``method_id`` / ``name``, its onboarding.json).
+    ``step``: the method's name in the cost table's step names."""
+    argv = ["-y", configs / config, "--ego", stage1["m1"], "--new", stage1["m3"], "-o", onboard_run,
+            *cache_args(profile), *sets([f"data.root={data}", *profile.overrides])]
+    if profile.onboard_epochs is not None:
+        argv += ["--epochs", str(profile.onboard_epochs)]
+    steps.run(f"onboard m3 ({step})", call, Command("gencomm-onboard", argv))
+    onboarding = json.loads(RunFolder(onboard_run).onboarding_report.read_text())
+    res = steps.run(f"evaluate {onboard_run.name}", evaluate_run, onboard_run, "intermediate", evaluation)
+    solo = ego_only(onboard_run, "intermediate", res, evaluation)
+    return ResultRow(method_id, name, Evaluation.from_run_json(res, str(onboard_run)),
+                     run=str(onboard_run), ego_only=Evaluation.from_run_json(solo, str(onboard_run)),
+                     train_wall_s=onboarding["onboarding_wall_time_s"],
+                     trainable_params=onboarding["trainable_params_total"], note=note,
+                     **run_facts(onboard_run)), onboarding
+
+
 def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, steps: Steps, configs: Path,
              robustness: bool, test_root: Optional[Path] = None, plan: Optional[LanePlan] = None) -> SeedResult:
     """Train and evaluate every row for one training seed into ``runs``, configs from ``configs``;
@@ -213,21 +236,17 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
         config = STAGE1[t]
         stage1[t] = runs / Path(config).stem
         wall1[t] = steps.run(f"train {stage1[t].name}", train, configs / config, stage1[t], data, profile)
-    onboard_run = runs / "onboard_gencomm_m3"  # the benchmark's GenComm run when it onboards m3 alone
-    argv = ["-y", configs / STAGE2, "--ego", stage1["m1"], "--new", stage1["m3"], "-o", onboard_run,
-            *cache_args(profile), *sets([f"data.root={data}", *profile.overrides])]
-    if profile.onboard_epochs is not None:
-        argv += ["--epochs", str(profile.onboard_epochs)]
-    steps.run("onboard m3 (GenComm)", call, Command("gencomm-onboard", argv))
-    onboarding = json.loads(RunFolder(onboard_run).onboarding_report.read_text())
-    res = steps.run("evaluate onboard_gencomm_m3", evaluate_run, onboard_run, "intermediate", evaluation)
-    solo = ego_only(onboard_run, "intermediate", res, evaluation)
-    rows.append(ResultRow(GENCOMM, "GenComm (m3 onboarded)", Evaluation.from_run_json(res, str(onboard_run)),
-                          run=str(onboard_run), ego_only=Evaluation.from_run_json(solo, str(onboard_run)),
-                          train_wall_s=onboarding["onboarding_wall_time_s"],
-                          trainable_params=onboarding["trainable_params_total"],
-                          note=f"stage 2 only; stage 1: m1 {wall1['m1']:.0f} s, m3 {wall1['m3']:.0f} s",
-                          **run_facts(onboard_run)))
+    # the benchmark's GenComm run when it onboards m3 alone; then the variant beyond the paper, onboarded
+    # from the same stage-1 runs into its own folder, its row right after the faithful one
+    note = f"stage 2 only; stage 1: m1 {wall1['m1']:.0f} s, m3 {wall1['m3']:.0f} s"
+    row, onboarding = onboard_m3_row(GENCOMM, "GenComm (m3 onboarded)", STAGE2, "GenComm", runs / "onboard_gencomm_m3",
+                                     stage1, data, profile, evaluation, steps, configs, note)
+    rows.append(row)
+    rows.append(onboard_m3_row(GENCOMM_EGOTARGET, "GenComm, ego-encoder target (beyond the paper)", STAGE2_EGOTARGET,
+                               "GenComm, ego-encoder target", runs / "onboard_gencomm_egotarget_m3", stage1, data,
+                               profile, evaluation, steps, configs,
+                               note + "; its message extractor also trained to regenerate the sender's scan as m1's "
+                               "encoder reads it")[0])
     if robustness:
         steps.run("robustness sweep", robustness_sweep, rows, out / "robustness", evaluation, seed)
     if profile.benchmark:

@@ -89,6 +89,8 @@ STAGE1 = {t: f"sim/gencomm_stage1_{t}.yaml" for t in ("m1", "m3", "m2", "m4")}
 # the competitors' own stage 1 (full-feature intermediate fusion, homogeneous), as the reference runs them
 COMPETITOR_STAGE1 = {t: f"sim/baseline_stage1_{t}.yaml" for t in ("m1", "m3", "m2", "m4")}
 STAGE2 = "sim/stage2/gencomm_m1_m3.yaml"
+# GenComm's onboarding with the ego-encoder target (beyond the paper), the main table's row after GenComm's
+STAGE2_EGOTARGET = "sim/stage2/gencomm_egotarget_m1_m3.yaml"
 CAMERA_TYPES = ("m2", "m4")  # the LSS types of configs/sim/types: only they need camera images
 # The separate test set's simulator seed is the data seed plus this, so none of its scenes repeats a
 # scene of the dataset (scenario k's seed is SeedSequence([seed, k]), recorder.scenario_seed).
