@@ -284,7 +284,8 @@ def test_separate_test_set_is_simulated_from_scenes_the_dataset_never_draws(tmp_
     test_seed = int(arg("--seed"))
     dataset = {scenario_seed(3, k) for k in range(lidar_pair.scenarios)}
     assert not dataset & {scenario_seed(test_seed, k) for k in range(230)}
-    pipeline.simulate_test_set(tmp_path / "sim", PROFILES["default"], seed=3)  # four types: cameras
+    four_types = dataclasses.replace(PROFILES["default"], benchmark=True)  # --benchmark: four types, cameras
+    pipeline.simulate_test_set(tmp_path / "sim", four_types, seed=3)
     assert "--no_cameras" not in ran[-1] and ran[-1].value("--camera_size") == "400x300"
     no_split = dataclasses.replace(lidar_pair, test_scenes=0)
     assert pipeline.simulate_test_set(tmp_path / "sim", no_split, seed=3) is None and len(ran) == 2

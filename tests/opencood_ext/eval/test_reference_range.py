@@ -102,8 +102,8 @@ def test_native_run_keeps_its_range(run):
     assert evaluation_range(ref.protocol, ref.data.format, ref.data.lidar_range, None) == \
         (-102.4, -51.2, -3.0, 102.4, 51.2, 1.0)
     np.testing.assert_allclose(
-        load_experiment(out / "config.yaml", [range_override((-1.5, -2.25, -3.0, 1.5, 2.25, 1.0))]).data.lidar_range,
-        (-1.5, -2.25, -3.0, 1.5, 2.25, 1.0))
+        load_experiment(out / "config.yaml", [range_override((-1.6, -2.4, -3.0, 1.6, 2.4, 1.0))]).data.lidar_range,
+        (-1.6, -2.4, -3.0, 1.6, 2.4, 1.0))  # a whole number of the run's 0.8 m voxels (checked at load)
 
 
 def test_reference_protocol_evaluates_at_the_reference_default(run, capsys):

@@ -148,12 +148,12 @@ def test_the_experiment_protocol_builds_the_model(tmp_path):
 
 
 def test_a_paper_order_gencomm_link_is_refused_under_the_reference_protocol():
-    """Refused when the model is built (the detector hands the link its protocol), naming the experiment
-    and the key; a link built alone is refused on its first reference arrival."""
+    """Refused when the model is built (the detector hands the link its protocol), naming the config file
+    that holds the model section and the key; a link built alone is refused on its first reference arrival."""
     cfg = load_experiment(ROOT / "configs" / "dairv2x" / "gencomm_stage1_m1.yaml",
                           ["model.link.warp_before_generation=true"])
-    with pytest.raises(ValueError, match="dairv2x_gencomm_stage1_m1': model.link.warp_before_generation: protocol "
-                                         "reference generates in the sender"):
+    with pytest.raises(ValueError, match=r"dairv2x/gencomm_link\.yaml: key 'model': model\.link\.warp_before_generation: "
+                                         "protocol reference generates in the sender"):
         build_model(cfg)
     from gencomm.link import GenCommLink
     from opencood_ext.models.links import Arrival

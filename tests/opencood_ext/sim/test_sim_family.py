@@ -191,7 +191,11 @@ def test_main_job_passes_the_profile_family_to_the_simulator(tmp_path, monkeypat
     assert all(c.program == "gencomm-sim" for c in ran) and Path(ran[-1].value("-o")).name == "sim_test"
     # the dataset's frames 1 s apart (issue 49 item 2), the separate test set's one frame per scene
     assert ran[0].value("--frame_interval") == "1.0" and "--frame_interval" not in ran[1]
-    # camera images only for a benchmark with a camera type (the four types: yes; the LiDAR pair: no)
-    assert ran[0].value("--camera_size") == "400x300" and "--no_cameras" not in ran[0]
-    pipeline.simulate(tmp_path / "sim", dataclasses.replace(profile, benchmark_types=("m1", "m3")), seed=0)
+    # camera images only for a benchmark with a camera type (the default main table alone: no; --benchmark's
+    # four types: yes; the LiDAR pair's benchmark: no)
+    assert "--no_cameras" in ran[0] and "--camera_size" not in ran[0]
+    pipeline.simulate(tmp_path / "sim", dataclasses.replace(profile, benchmark=True), seed=0)
+    assert ran[-1].value("--camera_size") == "400x300" and "--no_cameras" not in ran[-1]
+    pipeline.simulate(tmp_path / "sim", dataclasses.replace(profile, benchmark=True, benchmark_types=("m1", "m3")),
+                      seed=0)
     assert "--no_cameras" in ran[-1] and "--camera_size" not in ran[-1]
