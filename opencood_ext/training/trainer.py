@@ -5,8 +5,9 @@ Contract with the rest of the project
 - ``model``: an ``nn.Module`` with ``forward(batch) -> output`` and
   ``loss(output, batch) -> LossOutput`` (``total``: scalar tensor to minimise,
   ``parts``: named scalar tensors for logging, ``detection``: the detection terms
-  alone, what ``best.pth`` is selected on by default). The loss of a batch is taken
-  to be a per-sample mean; validation weights batches by their sample count.
+  alone, what ``best.pth`` is selected on by default). The loss of a batch is taken to be a per-sample
+  mean (validation weights batches by their sample count); a batch whose loss reaches no trainable
+  parameter (an onboarding batch without a new-type agent) takes no optimizer step.
 - ``batch``: whatever ``collate_fn`` returns; it must have ``.to(device)``
   returning the same type on ``device`` (and ``.batch_size``, its sample count,
   when it may hold fewer samples than asked for). ``None`` is a batch of bad
@@ -39,10 +40,9 @@ next unseen batch; without one it restarts from its beginning; it is never skipp
 ``num_workers=0`` a resumed run reproduces the uninterrupted one bit for bit on CPU (RNG states are
 restored); with workers the data order is the same but worker-side augmentation draws are not.
 
-DDP: launch with torchrun; every rank builds the same model, the Trainer
-joins the process group (:func:`~opencood_ext.training.distributed.init_distributed`),
-shards the data with ``DistributedSampler`` and wraps the model in
-``DistributedDataParallel``. ``batch_size`` is per process. Call
+DDP: launch with torchrun; every rank builds the same model, the Trainer joins the process group
+(:func:`~opencood_ext.training.distributed.init_distributed`), shards the data with
+``DistributedSampler`` and wraps the model in ``DistributedDataParallel``. ``batch_size`` is per process. Call
 ``distributed.cleanup()`` at the end of the script. A non-finite loss raises
 FloatingPointError on the rank that sees it (the others then stop at the
 process group's timeout, ``TrainConfig.dist_timeout_s``); non-finite weights raise it before any checkpoint or
@@ -256,12 +256,13 @@ class Trainer(Resumable):
                 parts = {k: v.item() for k, v in loss.parts.items()}
                 raise FloatingPointError(f"non-finite loss {loss.total.item()} at epoch {epoch} step {step}: {parts}")
             self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(loss.total).backward()  # scale and unscale_ are identities without fp16
-            if cfg.grad_clip:
-                self.scaler.unscale_(self.optimizer)
-                torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
-            self.scaler.step(self.optimizer)  # skips the step when fp16 gradients overflowed
-            self.scaler.update()
+            if loss.total.requires_grad:  # else no trainable parameter took part (onboarding: no new-type agent)
+                self.scaler.scale(loss.total).backward()  # scale and unscale_ are identities without fp16
+                if cfg.grad_clip:
+                    self.scaler.unscale_(self.optimizer)
+                    torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+                self.scaler.step(self.optimizer)  # skips the step when fp16 gradients overflowed
+                self.scaler.update()
             self.global_step += 1
             self.step_in_epoch = step + 1
             acc["steps"] += 1

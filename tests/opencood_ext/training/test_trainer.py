@@ -286,3 +286,36 @@ def test_epochs_record_their_thread_count_and_a_resume_under_another_warns(tmp_p
     assert f"{tmp_path}: epoch 2 trained with 1 intra-op thread(s), this resume has 2" in caplog.text
     assert "OMP_NUM_THREADS=1 to resume it exactly" in caplog.text
     assert [r["threads"] for r in _epoch_records(tmp_path)] == [1, 1, 2] == [h["threads"] for h in result.history]
+
+
+class _SometimesDetached(ToyModel):
+    """Its loss reaches no trainable parameter on the 1st and 3rd batches of two (as an onboarding
+    batch without a new-type agent, whose loss runs through frozen parts only)."""
+
+    def loss(self, output, batch):
+        out = super().loss(output, batch)
+        if batch.idx[0] // 2 % 2 == 0:
+            const = out.total.detach()
+            return LossOutput(total=const, parts={"mse": const}, detection=const)
+        return out
+
+
+def test_a_batch_whose_loss_reaches_no_trainable_parameter_takes_no_step(tmp_path):
+    """Before, backward() raised 'element 0 of tensors does not require grad' and stopped the onboarding
+    (the default main job's GenComm m3 onboarding on the 400-scene data, 2026-12-06)."""
+    torch.manual_seed(0)
+    model = _SometimesDetached(dropout=0.0)
+    cfg = TrainConfig(epochs=1, batch_size=2, lr=0.01, optimizer="sgd", momentum=0.0, shuffle=False, progress_bar=False)
+    steps = []
+    weights = lambda: [p.detach().clone() for p in model.parameters()]  # noqa: E731
+    orig = model.loss
+
+    def watching(output, batch):
+        steps.append((batch.idx[0], weights()))
+        return orig(output, batch)
+    model.loss = watching
+    result = Trainer(model, ToyDataset(8), None, collate, cfg, tmp_path, device="cpu").fit()
+    steps.append((None, weights()))
+    assert [i for i, _ in steps[:-1]] == [0, 2, 4, 6] and result.history[0]["steps"] == 4
+    changed = [any(not torch.equal(a, b) for a, b in zip(steps[k][1], steps[k + 1][1])) for k in range(4)]
+    assert changed == [False, True, False, True]  # the detached batches: no step; the others: a step
