@@ -9,8 +9,8 @@ run after another on ``threads // N`` intra-op threads (:func:`lane_plan`), the 
 (onboarding, evaluations, robustness) on every thread.
 
 What each run trained with is recorded as always: every epoch record of its ``train_log.jsonl`` holds its
-``threads`` (a run trained in a lane of one thread is bit-identical to ``OMP_NUM_THREADS=1 gencomm-train``
-of the same config and seed). A lane's failure stops the job with the failed step's one-line
+``threads``, so a lane's run compares with ``OMP_NUM_THREADS=<its threads> gencomm-train`` of the same config
+and seed (not yet checked bit for bit). A lane's failure stops the job with the failed step's one-line
 :class:`~experiments.steps.StepError` after the other lanes' current runs end; a rerun resumes them.
 """
 from __future__ import annotations
