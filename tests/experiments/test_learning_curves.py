@@ -1,6 +1,7 @@
 """The learning curves' tooling (experiments.curves): points read from each budget's results.json and
 run folders, the 2 % convergence rule, the ranking's settling budget, the report files and the CLI's
 errors. The budget folders are written here with made-up figures; nothing is trained."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -134,7 +135,7 @@ def test_budget_scales_every_training_and_onboarding(tmp_path):
     default, quick = PROFILES["default"], PROFILES["quick"]
     assert scale_budget(default, 1, configs_root()) is default   # the same commands: earlier runs are reused
     doubled = scale_budget(default, 2, configs_root())
-    assert doubled.overrides[-1] == "train.epochs=16" and doubled.onboard_epochs is None  # base.yaml's 8 epochs
+    assert doubled.overrides[-1] == "train.epochs=8" and doubled.onboard_epochs is None  # the profile's 4 epochs
     q = scale_budget(quick, 4, configs_root())
     assert q.overrides[-1] == "train.epochs=4" and q.onboard_epochs == 4  # the profile's own epochs win
     with pytest.raises(ValueError, match="positive whole number"):
@@ -142,4 +143,4 @@ def test_budget_scales_every_training_and_onboarding(tmp_path):
     (tmp_path / "sim").mkdir()
     (tmp_path / "sim" / "base.yaml").write_text("train: {lr: 0.1}\n")
     with pytest.raises(ValueError, match=r"base.yaml: field 'train.epochs'"):
-        scale_budget(default, 2, tmp_path)
+        scale_budget(dataclasses.replace(default, overrides=[]), 2, tmp_path)  # epochs from base.yaml
