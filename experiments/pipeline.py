@@ -236,17 +236,18 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
         config = STAGE1[t]
         stage1[t] = runs / Path(config).stem
         wall1[t] = steps.run(f"train {stage1[t].name}", train, configs / config, stage1[t], data, profile)
-    # the benchmark's GenComm run when it onboards m3 alone; then the variant beyond the paper, onboarded
-    # from the same stage-1 runs into its own folder, its row right after the faithful one
+    # the benchmark's GenComm run when it onboards m3 alone; then (profile.variant_rows) the variant beyond the
+    # paper, onboarded from the same stage-1 runs into its own folder, its row right after the faithful one
     note = f"stage 2 only; stage 1: m1 {wall1['m1']:.0f} s, m3 {wall1['m3']:.0f} s"
     row, onboarding = onboard_m3_row(GENCOMM, "GenComm (m3 onboarded)", STAGE2, "GenComm", runs / "onboard_gencomm_m3",
                                      stage1, data, profile, evaluation, steps, configs, note)
     rows.append(row)
-    rows.append(onboard_m3_row(GENCOMM_EGOTARGET, "GenComm, ego-encoder target (beyond the paper)", STAGE2_EGOTARGET,
-                               "GenComm, ego-encoder target", runs / "onboard_gencomm_egotarget_m3", stage1, data,
-                               profile, evaluation, steps, configs,
-                               note + "; its message extractor also trained to regenerate the sender's scan as m1's "
-                               "encoder reads it")[0])
+    if profile.variant_rows:
+        rows.append(onboard_m3_row(GENCOMM_EGOTARGET, "GenComm, ego-encoder target (beyond the paper)", STAGE2_EGOTARGET,
+                                   "GenComm, ego-encoder target", runs / "onboard_gencomm_egotarget_m3", stage1, data,
+                                   profile, evaluation, steps, configs,
+                                   note + "; its message extractor also trained to regenerate the sender's scan as m1's "
+                                   "encoder reads it")[0])
     if robustness:
         steps.run("robustness sweep", robustness_sweep, rows, out / "robustness", evaluation, seed)
     if profile.benchmark:

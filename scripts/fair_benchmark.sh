@@ -15,11 +15,11 @@
 # profile's tiny data (a smoke run of the whole chain in well under an hour; its archive goes to
 # OUT/fair_benchmark unless --archive is given). Defaults: --jobs 2 (one core each on a 2-core
 # machine), --out results_fair (results_fair_quick), --data data/sim (data/sim_quick),
-# --archive archive/fair_benchmark. Every job runs --budget 2: the configs' 8 epochs (576 steps) per training
-# and 8 per onboarding, twice the default main job's 90-minute budget.
+# --archive archive/fair_benchmark. Every job runs --profile full: the default's data at the configs' own
+# budget (8 epochs = 576 steps per training, 4 per onboarding), not the default main job's 90-minute one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=2 out="" data="" archive="" dry=0 status=0 quick="" budget=" --budget 2"
+jobs=2 out="" data="" archive="" dry=0 status=0 quick="" full=" --profile full"
 usage() { sed -n 7p "$0" | sed 's/^#   /usage: /' >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --archive) [ $# -ge 2 ] || usage; archive=$2; shift 2 ;;
     --dry_run) dry=1; shift ;;
     --status) status=1; shift ;;
-    --quick) quick=" --quick" budget=""; shift ;;
+    --quick) quick=" --quick" full=""; shift ;;
     *) echo "fair_benchmark.sh: unknown argument $1" >&2; usage ;;
   esac
 done
@@ -49,7 +49,7 @@ args=("--seeds 0 --benchmark --score_epochs gencomm"
 threads=${OMP_NUM_THREADS:-$(( $(nproc) / jobs ))}  # a count the user set wins; else the cores shared out
 [ "$threads" -ge 1 ] 2>/dev/null || threads=1
 command_of() {  # the job's command line (--out and --data as given, relative to the checkout)
-  echo "python tools/reproduce.py --data $data --out $out/$1 --no_robustness$quick$budget $2"
+  echo "python tools/reproduce.py --data $data --out $out/$1 --no_robustness$quick$full $2"
 }
 combine=(tools/fair_benchmark.py "$out/seed0/seeds/seed0" "$out/seed1/seeds/seed1" "$out/seed2/seeds/seed2"
          "$out/reference/seeds/seed0" -o "$archive")
@@ -91,7 +91,7 @@ run_job() {  # name, arguments; OUT/logs/<name>.pid while it runs, then <name>.d
   echo "[fair] $1 started ($threads thread(s)): $(command_of "$1" "$2") > $log"
   # shellcheck disable=SC2086  # the arguments are words
   if OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads .venv/bin/python tools/reproduce.py \
-       --data "$data" --out "$out/$1" --no_robustness$quick$budget $2 > "$log" 2>&1; then
+       --data "$data" --out "$out/$1" --no_robustness$quick$full $2 > "$log" 2>&1; then
     touch "$out/logs/$1.done"
     echo "[fair] $1 finished"
   else

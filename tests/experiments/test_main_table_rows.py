@@ -51,3 +51,19 @@ def test_the_main_table_has_the_ego_encoder_target_row_right_after_gencomms(tmp_
     assert ("onboard_gencomm_egotarget_m3", "intermediate") in evaluated
     # the main table's onboarding record stays the faithful GenComm's
     assert result.onboarding == {"onboarding_wall_time_s": 3.0, "trainable_params_total": 7}
+
+
+def test_a_profile_without_variant_rows_ends_the_main_table_at_gencomm(tmp_path, monkeypatch):
+    """The default main job leaves the row beyond the paper out (its 90-minute budget); ``full`` keeps it."""
+    onboarded = []
+    monkeypatch.setattr(pipeline, "onboard_m3_row", lambda method_id, *a, **k: (
+        onboarded.append(method_id) or ResultRow(method_id, method_id, None, run="r"), {}))
+    monkeypatch.setattr(pipeline, "train", lambda config, run, data, profile: 1.0)
+    monkeypatch.setattr(pipeline, "evaluate_run", lambda run, fusion, profile: {"ap": {"0.5": 0.5}, "fusion": fusion})
+    monkeypatch.setattr(pipeline, "count_trainable", lambda run: 1)
+    monkeypatch.setattr(pipeline, "run_facts", lambda run, trained=True: {"protocol": "equalized"})
+    assert PROFILES["default"].variant_rows is False and PROFILES["full"].variant_rows is True
+    profile = dataclasses.replace(PROFILES["quick"], benchmark=False, variant_rows=False)
+    result = pipeline.one_seed(tmp_path, tmp_path / "runs", tmp_path / "data", profile, 0, pipeline.Steps(),
+                               configs_root(), robustness=False)
+    assert onboarded == [GENCOMM] and result.rows[-1].method_id == GENCOMM

@@ -51,10 +51,10 @@ def test_the_four_jobs_run_two_at_a_time_then_the_archive_is_combined(tmp_path):
     calls = _calls(root)
     jobs, combine = calls[:4], calls[4:]
     assert sorted(jobs) == sorted([
-        "tools/reproduce.py --data D --out R/seed0 --no_robustness --budget 2 --seeds 0 --benchmark --score_epochs gencomm",
-        "tools/reproduce.py --data D --out R/seed1 --no_robustness --budget 2 --seeds 1 --benchmark --score_epochs gencomm",
-        "tools/reproduce.py --data D --out R/seed2 --no_robustness --budget 2 --seeds 2 --benchmark --score_epochs gencomm",
-        "tools/reproduce.py --data D --out R/reference --no_robustness --budget 2 --seeds 0 --protocol reference "
+        "tools/reproduce.py --data D --out R/seed0 --no_robustness --profile full --seeds 0 --benchmark --score_epochs gencomm",
+        "tools/reproduce.py --data D --out R/seed1 --no_robustness --profile full --seeds 1 --benchmark --score_epochs gencomm",
+        "tools/reproduce.py --data D --out R/seed2 --no_robustness --profile full --seeds 2 --benchmark --score_epochs gencomm",
+        "tools/reproduce.py --data D --out R/reference --no_robustness --profile full --seeds 0 --protocol reference "
         "--benchmark_types m1,m3"])
     assert combine == ["tools/fair_benchmark.py R/seed0/seeds/seed0 R/seed1/seeds/seed1 R/seed2/seeds/seed2 "
                        "R/reference/seeds/seed0 -o archive/fair_benchmark"]
@@ -68,7 +68,7 @@ def test_a_failed_job_stops_new_starts_and_the_combining(tmp_path):
     root = _checkout(tmp_path)
     res = _run(root, "--jobs", "1", "--out", "R", fail="seed0")
     assert res.returncode == 1
-    assert _calls(root) == ["tools/reproduce.py --data data/sim --out R/seed0 --no_robustness --budget 2 --seeds 0 "
+    assert _calls(root) == ["tools/reproduce.py --data data/sim --out R/seed0 --no_robustness --profile full --seeds 0 "
                             "--benchmark --score_epochs gencomm"]   # one job at a time: nothing after seed0
     assert "seed0 failed; its log: R/logs/seed0.log" in res.stderr and "rerun this command to resume" in res.stderr
     # the rerun resumes: seed0 runs again and, once it works, everything else follows
