@@ -179,26 +179,32 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
 
 def scale_budget(profile: Profile, budget: int, configs: Path) -> Profile:
     """``profile`` with every training and onboarding run at ``budget`` times its epochs: the profile's
-    own ``train.epochs`` override, else ``sim/base.yaml``'s (every shipped sim config, stage 2 included,
-    takes its epochs from there), times ``budget``, for every step; the profile's onboarding epochs too.
+    own ``train.epochs`` override (which reaches the onboardings too), else ``sim/base.yaml``'s for the
+    trainings and ``sim/stage2/methods/gencomm.yaml``'s for the onboardings, times ``budget``; the
+    profile's onboarding epochs, when it sets them, times ``budget``.
     Budget 1 returns the profile unchanged (the same commands, so earlier runs are reused)."""
     if budget < 1:
         raise ValueError(f"budget must be a positive whole number, got {budget}")
     if budget == 1:
         return profile
     given = [o.split("=", 1)[1] for o in profile.overrides if o.startswith("train.epochs=")]
-    if given:
-        epochs = int(given[-1])
-    else:
-        base = configs / "sim" / "base.yaml"
-        try:
-            epochs = int(yaml.safe_load(base.read_text())["train"]["epochs"])
-        except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
-            raise ValueError(f"{base}: field 'train.epochs' (the epochs --budget multiplies) unreadable: {exc}") \
-                from None
-    onboard = None if profile.onboard_epochs is None else profile.onboard_epochs * budget
+    epochs = int(given[-1]) if given else _config_epochs(configs / "sim" / "base.yaml")
+    if profile.onboard_epochs is not None:
+        onboard = profile.onboard_epochs * budget
+    elif given:  # the profile's train.epochs reaches the onboardings too: they scale with it
+        onboard = None
+    else:  # the stage-2 configs' own epochs (every method's the same, tests/experiments/test_equal_budgets.py)
+        onboard = _config_epochs(configs / "sim" / "stage2" / "methods" / "gencomm.yaml") * budget
     return dataclasses.replace(profile, overrides=[*profile.overrides, f"train.epochs={epochs * budget}"],
                                onboard_epochs=onboard)
+
+
+def _config_epochs(path: Path) -> int:
+    """A config file's own ``train.epochs`` (the epochs --budget multiplies); ValueError naming file and field."""
+    try:
+        return int(yaml.safe_load(path.read_text())["train"]["epochs"])
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: field 'train.epochs' (the epochs --budget multiplies) unreadable: {exc}") from None
 
 
 def _seed_list(text: str):

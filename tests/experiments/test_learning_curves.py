@@ -136,6 +136,8 @@ def test_budget_scales_every_training_and_onboarding(tmp_path):
     assert scale_budget(default, 1, configs_root()) is default   # the same commands: earlier runs are reused
     doubled = scale_budget(default, 2, configs_root())
     assert doubled.overrides[-1] == "train.epochs=6" and doubled.onboard_epochs is None  # the profile's 3 epochs
+    full = scale_budget(PROFILES["full"], 2, configs_root())  # the configs' own: 8 epochs, 4 per onboarding
+    assert full.overrides[-1] == "train.epochs=16" and full.onboard_epochs == 8
     q = scale_budget(quick, 4, configs_root())
     assert q.overrides[-1] == "train.epochs=4" and q.onboard_epochs == 4  # the profile's own epochs win
     with pytest.raises(ValueError, match="positive whole number"):
