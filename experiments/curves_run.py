@@ -93,7 +93,7 @@ def _budget_list(text: str) -> List[int]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Exit 0, or 2 with one line on stderr for bad input (a missing or malformed results file)."""
-    from .profiles import PROFILES
+    from .profiles import PROFILES, default_data_dir
     from .results import ResultsError
     from .steps import StepError
     p = argparse.ArgumentParser(prog="gencomm-curves", description=__doc__,
@@ -115,7 +115,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     try:
         if args.cmd == "run":
-            data = args.data or Path("data/sim" if args.profile == "default" else f"data/sim_{args.profile}")
+            data = args.data or default_data_dir(args.profile)
             budgets = args.budgets or budgets_upto(args.max_budget)
             report = run_curves(args.out, data, args.seed, budgets, args.profile,
                                 command=shlex.join(["gencomm-curves", *words]))

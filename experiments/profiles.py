@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .method_ids import EARLY, INTERMEDIATE, LATE, NO_FUSION
@@ -69,7 +70,7 @@ PROFILES = {
     # --benchmark adds the four-type onboarding study (cameras simulated then). To fit 90 minutes on a
     # 2-core CPU every training and onboarding runs 3 epochs (216 steps; the configs have 8 for stage 1 and
     # baselines, 4 for onboarding), the robustness sweep takes one level per effect besides none, and the row
-    # beyond the paper is left out (4 epochs with it took about 110 min here); REPORT.md says how far each
+    # beyond the paper is left out (4 epochs with it would take about 110 min here, by the measured step rates); REPORT.md says how far each
     # model is from its plateau. A budget of K (gencomm-reproduce --budget) is K times these steps.
     "default": Profile(scenarios=400, frames=3, frame_interval=1.0, split=(0.85, 0.05, 0.1), test_scenes=230,
                        scene_family="mixed", overrides=["train.max_steps_per_epoch=72", "train.epochs=3"],
@@ -89,6 +90,18 @@ PROFILES = {
 # robustness level and every row: what scripts/fair_benchmark.sh runs (--profile full)
 PROFILES["full"] = dataclasses.replace(PROFILES["default"], overrides=["train.max_steps_per_epoch=72"], robustness={},
                                        variant_rows=True)
+
+# the Profile fields that decide what gencomm-sim writes (the dataset and the separate test set)
+_DATASET_FIELDS = ("scenarios", "frames", "split", "camera_size", "test_scenes", "test_frames", "scene_family",
+                   "frame_interval")
+
+
+def default_data_dir(name: str) -> Path:
+    """Where a profile's data go unless ``--data`` says: ``data/sim`` for every profile that simulates the
+    default's dataset (``full`` shares it), else ``data/sim_<name>``."""
+    same = all(getattr(PROFILES[name], f) == getattr(PROFILES["default"], f) for f in _DATASET_FIELDS)
+    return Path("data/sim" if same else f"data/sim_{name}")
+
 
 # (method id, display name, config, fusion method used at evaluation)
 BASELINES = [

@@ -47,7 +47,7 @@ from typing import List, Optional, Sequence
 import yaml
 
 from .pipeline import Steps, found_finished, one_seed, simulate, simulate_test_set
-from .profiles import PROFILES, Profile
+from .profiles import PROFILES, Profile, default_data_dir
 from .report_epochs import seed_runs
 from .family_figures import compute_family_figures
 from .results import Results, ResultsError
@@ -287,7 +287,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     profile = args.profile or ("quick" if args.quick else "default")
     tail = f"_{args.protocol}" if args.protocol else ""
     out = args.out or Path(f"results{tail}" if profile == "default" else f"results/{profile}{tail}")
-    data = args.data or Path("data/sim" if profile == "default" else f"data/sim_{profile}")
+    data = args.data or default_data_dir(profile)
     words = sys.argv[1:] if argv is None else list(argv)
     try:
         report = reproduce(out.resolve(), data.resolve(), profile, args.seed, args.seeds,

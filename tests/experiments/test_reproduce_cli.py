@@ -133,3 +133,11 @@ def test_naming_an_alliance_turns_the_benchmark_on_unless_refused(tmp_path, monk
                                          (True, ("m1", "m3")), (False, ("m1", "m3"))]
     assert got[-1][2].lanes == 1
     assert pipeline.one_seed is not fake_seed
+
+
+def test_a_profile_simulating_the_defaults_data_shares_its_folder():
+    """``full`` differs from ``default`` in budget only, so it reads data/sim rather than simulating again."""
+    from pathlib import Path
+    from experiments.profiles import default_data_dir
+    assert default_data_dir("default") == default_data_dir("full") == Path("data/sim")
+    assert default_data_dir("quick") == Path("data/sim_quick") and default_data_dir("paper") == Path("data/sim_paper")
