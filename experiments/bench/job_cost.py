@@ -1,18 +1,24 @@
 """The main job's cost, projected from measured steps: ``gencomm-bench job [--profile default]``.
 
 Running the default job takes hours; this measures each kind of work it does on a small simulated
-set of the profile's own sizes (cameras included) and multiplies by how often the job does it:
+set of the profile's own sizes (cameras where the job has camera types) and multiplies by how often the job does it:
 
 * simulation: seconds per frame of ``gencomm-sim`` (the job's workers), times the dataset's and the
   separate test set's frames;
-* every training run (the main table's baselines, GenComm's and the competitors' stage 1): seconds
-  per optimizer step of its config (forward, backward, optimizer; after a warm-up step), times
-  ``epochs x ceil(train frames / batch size)``, plus its validation forwards;
-* every onboarding (the main table's GenComm m3 and each benchmark method): the same, with the
-  method's frozen set, with and without a warm feature cache (:mod:`opencood_ext.models.feature_cache`);
+* every training run (the main table's baselines, GenComm's and, with the benchmark, the
+  competitors' stage 1): seconds per optimizer step of its config (forward, backward, optimizer;
+  after a warm-up step), times ``epochs x min(ceil(train frames / batch size),
+  train.max_steps_per_epoch)``, plus its validation forwards;
+* every onboarding (the main table's GenComm m3, its variant row where the profile has it, and
+  with the benchmark each benchmark method): the same, with the method's frozen set, with and
+  without a warm feature cache (:mod:`opencood_ext.models.feature_cache`);
 * evaluations: seconds per test frame of each evaluated model, with and without the cache, times
-  the frames of every evaluation the job runs (main table twice per row, the robustness sweep's
-  levels, the benchmark's dynamic alliances, late and no fusion).
+  the frames of every evaluation the job runs (each main-table row with and without its
+  collaborators and at the robustness sweep's levels; with the benchmark its dynamic alliances,
+  late and no fusion).
+
+What the job runs is :func:`job_plan`, which follows :func:`experiments.pipeline.run_seed`'s choices
+for the profile (``--benchmark`` adds the benchmark as ``gencomm-reproduce --benchmark`` does).
 
 Data loading runs in a worker beside the model and is not added. A projection, not a run: the
 real figure is the job's own ``total_wall_s`` (REPORT.md). Report ratios from one run only.
@@ -23,12 +29,14 @@ import argparse
 import math
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from experiments.profiles import BASELINES, COMPETITOR_STAGE1, PROFILES, STAGE1, STAGE2, Profile
+from experiments.profiles import (BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, PROFILES, STAGE1, STAGE2, STAGE2_EGOTARGET,
+                                  Profile)
 
 
 def _train_frames(profile: Profile) -> Tuple[int, int]:
@@ -38,13 +46,14 @@ def _train_frames(profile: Profile) -> Tuple[int, int]:
     return plan.count("train") * profile.frames, plan.count("validate") * profile.frames
 
 
-def _simulate(root: Path, profile: Profile, scenarios: int) -> float:
-    """Seconds per frame of the simulator writing ``scenarios`` scenes of the profile (cameras on)."""
+def _simulate(root: Path, profile: Profile, scenarios: int, cameras: bool) -> float:
+    """Seconds per frame of the simulator writing ``scenarios`` scenes of the profile (cameras as the job's)."""
     from experiments.steps import Command, call
     w, h = profile.camera_size
     t0 = time.perf_counter()
     call(Command("gencomm-sim", ["-o", root, "--scenarios", scenarios, "--frames", profile.frames, "--seed", 0,
-                                 "--split_ratio", 1, 1, 1, "--camera_size", f"{w}x{h}"]))
+                                 "--split_ratio", 1, 1, 1, "--camera_size", f"{w}x{h}",
+                                 *(() if cameras else ("--no_cameras",))]))
     return (time.perf_counter() - t0) / (scenarios * profile.frames)
 
 
@@ -81,14 +90,20 @@ def _frame_seconds(model, batches) -> float:
     return sum(times[1:]) / max(1, len(times) - 1)
 
 
+def _steps_per_epoch(cfg, profile: Profile) -> int:
+    """Optimizer steps per epoch: every training frame once, at most ``train.max_steps_per_epoch``."""
+    train_frames, _ = _train_frames(profile)
+    return min(math.ceil(train_frames / cfg.train.batch_size), cfg.train.max_steps_per_epoch or 10 ** 9)
+
+
 def _training(config: Path, data: Path, steps: int, profile: Profile) -> Dict[str, float]:
     from opencood_ext.experiment import build_model, load_experiment
     cfg = load_experiment(config, [f"data.root={data}", *profile.overrides])
     torch.manual_seed(0)
     model = build_model(cfg).train()
     step = _step_seconds(model, _batches(cfg, "train", steps + 1, True), list(model.parameters()))
-    train_frames, val_frames = _train_frames(profile)
-    per_epoch = min(math.ceil(train_frames / cfg.train.batch_size), cfg.train.max_steps_per_epoch or 10 ** 9)
+    per_epoch = _steps_per_epoch(cfg, profile)
+    _, val_frames = _train_frames(profile)
     val = min(math.ceil(val_frames / cfg.train.batch_size), cfg.train.max_val_batches or 10 ** 9)
     return {"step_s": step, "steps": cfg.train.epochs * per_epoch,
             "seconds": cfg.train.epochs * (per_epoch * step + val * step / 3)}  # a forward ~ a third of a step
@@ -113,9 +128,8 @@ def _onboarding(config: Path, data: Path, steps: int, profile: Profile) -> Dict[
         _step_seconds(model, batches, params)  # fills the cache
         cached = _step_seconds(model, batches, params)
         model.feature_cache = None
-    train_frames, _ = _train_frames(profile)
     epochs = profile.onboard_epochs or cfg.train.epochs
-    n = epochs * math.ceil(train_frames / cfg.train.batch_size)
+    n = epochs * _steps_per_epoch(cfg, profile)
     return {"step_s": plain, "cached_step_s": cached, "steps": n,
             # the first epoch fills the cache; later epochs (and methods on the same weights) read it
             "seconds": n * plain, "cached_seconds": n / epochs * plain + (n - n / epochs) * cached}
@@ -137,52 +151,99 @@ def _evaluation(config: Path, data: Path, frames: int, profile: Profile) -> Tupl
     return plain, cached
 
 
-def project(profile_name: str = "default", steps: int = 3, frames: int = 3, data: Optional[Path] = None,
-            configs: Optional[Path] = None) -> Dict[str, object]:
-    """The projection (module docstring) -> {row: value}; minutes per kind of step and the total."""
-    from experiments.benchmark import METHODS, stage2_config
-    from opencood_ext.config_files import configs_root
+@dataclass
+class JobPlan:
+    """What the main job of a profile runs, as :func:`experiments.pipeline.run_seed` chooses it.
+
+    trainings / onboardings: (name, config path relative to the configs root; onboardings: None for a
+    benchmark method, whose config :func:`experiments.benchmark.stage2_config` names); main_rows: the
+    main table's rows, each evaluated with and without its collaborators; sweep_levels: the robustness
+    sweep's evaluations per row (its levels other than 0; latency not swept on one-frame test scenes);
+    benchmark_evals: the benchmark's alliance evaluations (0 without it); cameras: whether the benchmark
+    alliance has a camera type."""
+
+    trainings: List[Tuple[str, str]]
+    onboardings: List[Tuple[str, Optional[str]]]
+    main_rows: int
+    sweep_levels: int
+    benchmark_evals: int
+    cameras: bool
+
+
+def _sweep_levels(profile: Profile) -> int:
     from opencood_ext.eval.robustness import EFFECTS
+    levels = {name: list(e.defaults) for name, e in EFFECTS.items()}
+    for name, text in profile.robustness.items():
+        levels[name] = EFFECTS[name].parse(text, f"profile robustness {name}")
+    if profile.test_scenes > 0 and profile.test_frames == 1:
+        levels["latency"] = [0]
+    return sum(1 for values in levels.values() for v in values if v != 0)
+
+
+def job_plan(profile: Profile, benchmark: Optional[bool] = None) -> JobPlan:
+    """The plan of ``profile``'s main job; ``benchmark`` overrides ``profile.benchmark`` (``--benchmark``)."""
+    from experiments.benchmark import METHODS
+    bench = profile.benchmark if benchmark is None else benchmark
+    trainings = [(Path(c).stem, c) for _, _, c, _ in BASELINES]
+    trainings += [(Path(c).stem, c) for t, c in STAGE1.items() if t in ("m1", "m3") or (bench and t in profile.benchmark_types)]
+    if bench and profile.competitor_stage1 == "own":
+        trainings += [(Path(COMPETITOR_STAGE1[t]).stem, COMPETITOR_STAGE1[t]) for t in profile.benchmark_types]
+    onboardings: List[Tuple[str, Optional[str]]] = [("gencomm_m1_m3", STAGE2)]
+    if profile.variant_rows:
+        onboardings.append(("gencomm_egotarget_m1_m3", STAGE2_EGOTARGET))
+    main_rows = len(BASELINES) + len(onboardings)
+    if bench:
+        onboardings += [(m, None) for _, m in METHODS]
+    alliances = len(profile.benchmark_types)
+    return JobPlan(trainings, onboardings, main_rows=main_rows, sweep_levels=_sweep_levels(profile),
+                   # methods and late fusion per dynamic alliance, and no fusion
+                   benchmark_evals=((len(METHODS) + 1) * alliances + 1) if bench else 0,
+                   cameras=bench and any(t in CAMERA_TYPES for t in profile.benchmark_types))
+
+
+def project(profile_name: str = "default", steps: int = 3, frames: int = 3, data: Optional[Path] = None,
+            configs: Optional[Path] = None, benchmark: Optional[bool] = None) -> Dict[str, object]:
+    """The projection (module docstring) -> {row: value}; minutes per kind of step and the total."""
+    from experiments.benchmark import stage2_config
+    from opencood_ext.config_files import configs_root
     profile = PROFILES[profile_name]
+    plan = job_plan(profile, benchmark)
     root = Path(configs) if configs else configs_root()
-    out: Dict[str, object] = {"profile": profile_name}
+    out: Dict[str, object] = {"profile": profile_name, "benchmark": bool(plan.benchmark_evals)}
     with tempfile.TemporaryDirectory() as tmp:
         if data is None:
             data = Path(tmp) / "data"
-            out["simulate_s_per_frame"] = _simulate(data, profile, scenarios=3)
+            out["simulate_s_per_frame"] = _simulate(data, profile, scenarios=3, cameras=plan.cameras)
         sim = float(out.get("simulate_s_per_frame", 0.0))
         test_frames = profile.test_scenes * profile.test_frames
         minutes: Dict[str, float] = {"simulation": sim * (profile.scenarios * profile.frames + test_frames) / 60}
-        runs: List[Tuple[str, Path]] = [(Path(c).stem, root / c) for _, c, _ in BASELINES]
-        runs += [(Path(c).stem, root / c) for t, c in STAGE1.items() if t in ("m1", "m3") or t in profile.benchmark_types]
-        runs += [(Path(c).stem, root / c) for t, c in COMPETITOR_STAGE1.items() if t in profile.benchmark_types]
         minutes["training"] = 0.0
-        for name, cfg in runs:
-            r = _training(cfg, data, steps, profile)
+        for name, cfg in plan.trainings:
+            r = _training(root / cfg, data, steps, profile)
             out[f"train {name}: s/step x steps = min"] = f"{r['step_s']:.2f} x {r['steps']} = {r['seconds'] / 60:.1f}"
             minutes["training"] += r["seconds"] / 60
-        onboard = [("gencomm_m1_m3", root / STAGE2)]
-        onboard += [(m, stage2_config(profile.family, m, profile.benchmark_types, root)) for _, m in METHODS]
         minutes["onboarding"] = minutes["onboarding, feature cache"] = 0.0
-        for name, cfg in onboard:
-            r = _onboarding(cfg, data, steps, profile)
+        for name, cfg in plan.onboardings:
+            path = root / cfg if cfg else stage2_config(profile.family, name, profile.benchmark_types, root)
+            r = _onboarding(path, data, steps, profile)
             out[f"onboard {name}: s/step (cached) x steps"] = (f"{r['step_s']:.2f} ({r['cached_step_s']:.2f}) x "
                                                               f"{r['steps']}")
             minutes["onboarding"] += r["seconds"] / 60
             minutes["onboarding, feature cache"] += r["cached_seconds"] / 60
-        levels = sum(len(e.defaults) for e in EFFECTS.values()) + 1  # + drop's collaborators-off
         lidar_plain, lidar_cached = _evaluation(root / STAGE2, data, frames, profile)
-        four = stage2_config(profile.family, "gencomm", profile.benchmark_types, root)
-        cam_plain, cam_cached = _evaluation(four, data, frames, profile)
         out["evaluate s/frame: LiDAR pair (cached)"] = f"{lidar_plain:.2f} ({lidar_cached:.2f})"
-        out["evaluate s/frame: benchmark alliance (cached)"] = f"{cam_plain:.2f} ({cam_cached:.2f})"
-        main_evals = 2 * (len(BASELINES) + 1) + (len(BASELINES) + 1) * levels  # table twice, sweep per level
-        alliances = len(profile.benchmark_types)
-        bench_evals = (len(METHODS) + 1) * alliances + 1  # methods and late fusion per alliance, no fusion
+        cam_plain = cam_cached = 0.0
+        if plan.benchmark_evals:
+            four = stage2_config(profile.family, "gencomm", profile.benchmark_types, root)
+            cam_plain, cam_cached = _evaluation(four, data, frames, profile)
+            out["evaluate s/frame: benchmark alliance (cached)"] = f"{cam_plain:.2f} ({cam_cached:.2f})"
+        main_evals = plan.main_rows * (2 + plan.sweep_levels)  # with and without collaborators, sweep levels
+        bench_evals = plan.benchmark_evals
         minutes["evaluation"] = test_frames * (main_evals * lidar_plain + bench_evals * cam_plain) / 60
         # with the cache every evaluation after the first on the same encoders reads its features
         minutes["evaluation, feature cache"] = test_frames * (
-            lidar_plain + (main_evals - 1) * lidar_cached + cam_plain + (bench_evals - 1) * cam_cached) / 60
+            lidar_plain + (main_evals - 1) * lidar_cached
+            + ((cam_plain + (bench_evals - 1) * cam_cached) if bench_evals else 0.0)) / 60
     for k, v in minutes.items():
         out[f"minutes: {k}"] = round(v, 1)
     out["minutes: total"] = round(minutes["simulation"] + minutes["training"] + minutes["onboarding"]
@@ -203,7 +264,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--data", type=Path, default=None, help="a simulated dataset with cameras (default: simulate "
                     "three scenes of the profile into a temporary folder, timing the simulator)")
     ap.add_argument("--configs", type=Path, default=None, help="configs root (default: the shipped configs)")
+    ap.add_argument("--benchmark", action="store_true", help="project the job with the heterogeneous benchmark "
+                    "(gencomm-reproduce --benchmark); default: the profile's own choice")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.frames < 1:
         raise ValueError("--steps and --frames must be >= 1")
-    return project(args.profile, args.steps, args.frames, args.data, args.configs)
+    return project(args.profile, args.steps, args.frames, args.data, args.configs, True if args.benchmark else None)

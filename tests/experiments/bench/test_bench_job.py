@@ -17,3 +17,49 @@ def test_bad_arguments_are_refused():
         job_cost.main(["--steps", "0"])
     with pytest.raises(SystemExit):
         job_cost.main(["--profile", "nope"])
+
+
+def test_the_plan_follows_what_the_main_job_runs():
+    default = job_cost.job_plan(PROFILES["default"])
+    assert [n for n, _ in default.trainings] == ["m1_none", "m1m3_late", "m1m3_early", "m1m3_intermediate",
+                                                 "gencomm_stage1_m1", "gencomm_stage1_m3"]
+    assert default.onboardings == [("gencomm_m1_m3", "sim/stage2/gencomm_m1_m3.yaml")]
+    # four baselines and GenComm; pose noise 0.4 and loss 0.5 (latency is not swept on one-frame scenes)
+    assert (default.main_rows, default.sweep_levels, default.benchmark_evals, default.cameras) == (5, 2, 0, False)
+    full = job_cost.job_plan(PROFILES["full"])
+    assert [n for n, _ in full.onboardings] == ["gencomm_m1_m3", "gencomm_egotarget_m1_m3"]
+    assert (full.main_rows, full.sweep_levels) == (6, 6)  # noise 0.2 / 0.4 / 0.6, loss 0.25 / 0.5 / 0.75
+    bench = job_cost.job_plan(PROFILES["default"], benchmark=True)
+    names = [n for n, _ in bench.trainings]
+    assert names[6:] == ["gencomm_stage1_m2", "gencomm_stage1_m4", "baseline_stage1_m1", "baseline_stage1_m2",
+                         "baseline_stage1_m3", "baseline_stage1_m4"]
+    assert [n for n, c in bench.onboardings if c is None] == ["gencomm", "backalign", "stamp", "mpda",
+                                                             "mpda_fusion_head", "codefilling"]
+    assert bench.main_rows == 5 and bench.cameras and bench.benchmark_evals == 7 * 4 + 1
+
+
+def test_the_projection_multiplies_each_step_by_the_plans_counts(monkeypatch):
+    """With fixed step times (nothing is timed), every planned config is visited and the minutes add up."""
+    seen = []
+
+    def training(config, data, steps, profile):
+        seen.append(("train", config.name))
+        return {"step_s": 2.0, "steps": 216, "seconds": 600.0}
+
+    def onboarding(config, data, steps, profile):
+        seen.append(("onboard", config.name))
+        return {"step_s": 1.0, "cached_step_s": 0.5, "steps": 216, "seconds": 120.0, "cached_seconds": 60.0}
+
+    monkeypatch.setattr(job_cost, "_simulate", lambda root, profile, scenarios, cameras: 0.5)
+    monkeypatch.setattr(job_cost, "_training", training)
+    monkeypatch.setattr(job_cost, "_onboarding", onboarding)
+    monkeypatch.setattr(job_cost, "_evaluation", lambda config, data, frames, profile: (0.4, 0.1))
+    out = job_cost.project("default", steps=1, frames=1)
+    assert [n for k, n in seen if k == "train"] == [f"{n}.yaml" for n, _ in job_cost.job_plan(PROFILES["default"]).trainings]
+    assert seen[-1] == ("onboard", "gencomm_m1_m3.yaml")
+    assert out["minutes: training"] == 60.0 and out["minutes: onboarding"] == 2.0
+    assert out["minutes: simulation"] == round(0.5 * (1200 + 230) / 60, 1)
+    assert out["minutes: evaluation"] == round(230 * 5 * 4 * 0.4 / 60, 1)  # 5 rows x (2 + 2 sweep levels)
+    assert out["benchmark"] is False and "evaluate s/frame: benchmark alliance (cached)" not in out
+    with_bench = job_cost.project("default", steps=1, frames=1, benchmark=True)
+    assert with_bench["benchmark"] is True and "onboard codefilling: s/step (cached) x steps" in with_bench
