@@ -26,12 +26,13 @@ real figure is the job's own ``total_wall_s`` (REPORT.md). Report ratios from on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -180,8 +181,9 @@ def _sweep_levels(profile: Profile) -> int:
     return sum(1 for values in levels.values() for v in values if v != 0)
 
 
-def job_plan(profile: Profile, benchmark: Optional[bool] = None) -> JobPlan:
-    """The plan of ``profile``'s main job; ``benchmark`` overrides ``profile.benchmark`` (``--benchmark``)."""
+def job_plan(profile: Profile, benchmark: Optional[bool] = None, robustness: bool = True) -> JobPlan:
+    """The plan of ``profile``'s main job; ``benchmark`` overrides ``profile.benchmark`` (``--benchmark``),
+    ``robustness`` False leaves the sweep out (``--no_robustness``)."""
     from experiments.benchmark import METHODS
     bench = profile.benchmark if benchmark is None else benchmark
     trainings = [(Path(c).stem, c) for _, _, c, _ in BASELINES]
@@ -195,19 +197,25 @@ def job_plan(profile: Profile, benchmark: Optional[bool] = None) -> JobPlan:
     if bench:
         onboardings += [(m, None) for _, m in METHODS]
     alliances = len(profile.benchmark_types)
-    return JobPlan(trainings, onboardings, main_rows=main_rows, sweep_levels=_sweep_levels(profile),
+    return JobPlan(trainings, onboardings, main_rows=main_rows,
+                   sweep_levels=_sweep_levels(profile) if robustness else 0,
                    # methods and late fusion per dynamic alliance, and no fusion
                    benchmark_evals=((len(METHODS) + 1) * alliances + 1) if bench else 0,
                    cameras=bench and any(t in CAMERA_TYPES for t in profile.benchmark_types))
 
 
 def project(profile_name: str = "default", steps: int = 3, frames: int = 3, data: Optional[Path] = None,
-            configs: Optional[Path] = None, benchmark: Optional[bool] = None) -> Dict[str, object]:
-    """The projection (module docstring) -> {row: value}; minutes per kind of step and the total."""
+            configs: Optional[Path] = None, benchmark: Optional[bool] = None,
+            benchmark_types: Optional[Sequence[str]] = None, robustness: bool = True) -> Dict[str, object]:
+    """The projection (module docstring) -> {row: value}; minutes per kind of step and the total.
+    ``benchmark_types`` (the benchmark's alliance) implies the benchmark, as in gencomm-reproduce."""
     from experiments.benchmark import stage2_config
     from opencood_ext.config_files import configs_root
     profile = PROFILES[profile_name]
-    plan = job_plan(profile, benchmark)
+    if benchmark_types is not None:
+        profile = dataclasses.replace(profile, benchmark_types=tuple(benchmark_types))
+        benchmark = True if benchmark is None else benchmark
+    plan = job_plan(profile, benchmark, robustness)
     root = Path(configs) if configs else configs_root()
     out: Dict[str, object] = {"profile": profile_name, "benchmark": bool(plan.benchmark_evals)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -266,7 +274,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--configs", type=Path, default=None, help="configs root (default: the shipped configs)")
     ap.add_argument("--benchmark", action="store_true", help="project the job with the heterogeneous benchmark "
                     "(gencomm-reproduce --benchmark); default: the profile's own choice")
+    ap.add_argument("--benchmark_types", default=None, metavar="m1,m3",
+                    help="the benchmark's alliance (implies --benchmark), as gencomm-reproduce takes it")
+    ap.add_argument("--no_robustness", action="store_true", help="without the robustness sweep (the learning "
+                    "curves' jobs: gencomm-curves runs each budget so)")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.frames < 1:
         raise ValueError("--steps and --frames must be >= 1")
-    return project(args.profile, args.steps, args.frames, args.data, args.configs, True if args.benchmark else None)
+    types = args.benchmark_types.split(",") if args.benchmark_types else None
+    return project(args.profile, args.steps, args.frames, args.data, args.configs, True if args.benchmark else None,
+                   types, robustness=not args.no_robustness)

@@ -1,5 +1,7 @@
 """gencomm-bench job (experiments/bench/job_cost.py): the projection counts what the main job does.
 Its timings are measurements, never asserted; these tests check the counts it multiplies by."""
+import dataclasses
+
 import pytest
 
 from experiments.bench import job_cost
@@ -63,3 +65,14 @@ def test_the_projection_multiplies_each_step_by_the_plans_counts(monkeypatch):
     assert out["benchmark"] is False and "evaluate s/frame: benchmark alliance (cached)" not in out
     with_bench = job_cost.project("default", steps=1, frames=1, benchmark=True)
     assert with_bench["benchmark"] is True and "onboard codefilling: s/step (cached) x steps" in with_bench
+
+
+def test_one_learning_curve_budget_is_the_lidar_pair_with_its_benchmark_and_no_sweep(monkeypatch):
+    plan = job_cost.job_plan(dataclasses.replace(PROFILES["full"], benchmark_types=("m1", "m3")), True,
+                             robustness=False)
+    assert [n for n, _ in plan.trainings][6:] == ["baseline_stage1_m1", "baseline_stage1_m3"]
+    assert (plan.sweep_levels, plan.cameras, plan.benchmark_evals) == (0, False, 7 * 2 + 1)
+    seen = []
+    monkeypatch.setattr(job_cost, "project", lambda *a, **k: seen.append((a, k)) or {})
+    job_cost.main(["--profile", "full", "--benchmark_types", "m1,m3", "--no_robustness"])
+    assert seen[0][0][5] is None and seen[0][0][6] == ["m1", "m3"] and seen[0][1] == {"robustness": False}
