@@ -107,7 +107,10 @@ def read_row(run: Path, name: Optional[str] = None) -> FormationRow:
     cfg_path = run / "config.yaml"
     if not cfg_path.is_file():
         raise FormationError(f"{cfg_path}: no such file")
-    cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    try:
+        cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise FormationError(f"{cfg_path}: not YAML ({str(exc).splitlines()[0]})") from None
     seed = int(_field(cfg, ("train", "seed"), cfg_path))
     agents = str(_field(cfg, ("data", "modality"), cfg_path))
     weight = _field(cfg, ("model", "link", "generation_weight"), cfg_path, default=None)

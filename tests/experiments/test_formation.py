@@ -60,6 +60,7 @@ def test_the_summary_counts_runs_whose_path_formed(tmp_path):
      "eval_intermediate.json: no field 'ap.global.0.3'"),
     (lambda f: (f / "config.yaml").write_text(yaml.safe_dump({"data": {"modality": "all:m1"}})),
      "config.yaml: no field 'train.seed'"),
+    (lambda f: (f / "config.yaml").write_text("train: [seed\n"), "config.yaml: not YAML"),
     (lambda f: (f / "train_log.jsonl").write_text(""), "train_log.jsonl: no epoch record"),
     (lambda f: (f / "train_log.jsonl").write_text("{not json\n"), "train_log.jsonl: line 1 is not JSON"),
 ])
