@@ -37,7 +37,6 @@ import yaml
 from .curves import THRESHOLDS, epoch_records
 from .tables import ap_cell, table
 
-EVAL_FILE = "eval_intermediate.json"
 BLOCK = re.compile(r"(<!-- formation:(?P<runs>[^>]*?)-->\n)(?P<body>.*?)(<!-- /formation -->)", re.S)
 HEADER = ("run", "kind", "agents", "seed", "threads", "steps", "generation weight",
           "collaborator-only found (recall)", "AP@0.3", "AP@0.5", "AP@0.7")
@@ -103,8 +102,10 @@ def _field(doc: dict, path: Sequence[str], source: Path, default=KeyError):
 
 def read_row(run: Path, name: Optional[str] = None) -> FormationRow:
     """The row of run folder ``run`` (see the module docstring); ``name`` defaults to the folder's."""
+    from opencood_ext.run_folder import RunFolder, evaluation_label
     run = Path(run)
-    cfg_path = run / "config.yaml"
+    folder = RunFolder(run)
+    cfg_path = folder.config
     if not cfg_path.is_file():
         raise FormationError(f"{cfg_path}: no such file")
     try:
@@ -119,14 +120,14 @@ def read_row(run: Path, name: Optional[str] = None) -> FormationRow:
     except ValueError as exc:
         raise FormationError(str(exc)) from None
     if not records:
-        raise FormationError(f"{run / 'train_log.jsonl'}: no epoch record (the run trained nothing yet)")
+        raise FormationError(f"{folder.train_log}: no epoch record (the run trained nothing yet)")
     threads = tuple(sorted({int(r["threads"]) for r in records if r.get("threads") is not None}))
     steps = sum(int(r.get("steps", 0)) for r in records)
     kind = "stage 1"
-    if (run / "onboarding.json").is_file():
-        onboarding = _load_json(run / "onboarding.json")
-        kind = "onboarded " + ", ".join(_field(onboarding, ("new_types",), run / "onboarding.json"))
-    eval_path = run / EVAL_FILE
+    if folder.onboarding_report.is_file():
+        onboarding = _load_json(folder.onboarding_report)
+        kind = "onboarded " + ", ".join(_field(onboarding, ("new_types",), folder.onboarding_report))
+    eval_path = folder.evaluation(evaluation_label("intermediate"))
     ev = _load_json(eval_path)
     ap = tuple(_field(ev, ("ap", "global", t), eval_path) for t in THRESHOLDS)
     ci = tuple(_field(ev, ("ap_ci", "global", t), eval_path, default=None) for t in THRESHOLDS)
