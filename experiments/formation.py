@@ -34,7 +34,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import yaml
 
-from .curves import THRESHOLDS, epoch_records
+from .curves import THRESHOLDS, _collab, epoch_records
 from .tables import ap_cell, table
 
 BLOCK = re.compile(r"(<!-- formation:(?P<runs>[^>]*?)-->\n)(?P<body>.*?)(<!-- /formation -->)", re.S)
@@ -131,9 +131,7 @@ def read_row(run: Path, name: Optional[str] = None) -> FormationRow:
     ev = _load_json(eval_path)
     ap = tuple(_field(ev, ("ap", "global", t), eval_path) for t in THRESHOLDS)
     ci = tuple(_field(ev, ("ap_ci", "global", t), eval_path, default=None) for t in THRESHOLDS)
-    entry = _field(ev, ("recall_by_visibility", "collaborators_only"), eval_path, default=None) or {}
-    total = int(entry["gt"]) if entry.get("gt") else None
-    found = int(round(float(entry["recall"]) * total)) if total else None
+    found, total = _collab(ev.get("recall_by_visibility")) or (None, None)
     return FormationRow(name or run.name, kind, agents, seed, threads, steps,
                         None if weight is None else float(weight), found, total, ap, ci)
 
