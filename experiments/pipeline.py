@@ -20,7 +20,7 @@ from .evaluation import Evaluation
 from .lanes import LanePlan, enter_lane, train_side_by_side
 from .method_ids import GENCOMM, GENCOMM_EGOTARGET
 from .profiles import (BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE2, STAGE2_EGOTARGET, TEST_SEED_OFFSET,
-                       Profile)
+                       Profile, trained_types)
 from .results import ResultRow, StepTime
 from .run_facts import run_facts
 from .steps import Command, call, sets
@@ -216,8 +216,7 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
     eval_sets = [] if test_root is None else [f"data.root={test_root}"]
     evaluation = dataclasses.replace(profile, overrides=[*profile.overrides, *eval_sets])  # what evaluations get
     rows: List[ResultRow] = []
-    stage1_types = [t for t in STAGE1 if t in ("m1", "m3") or (profile.benchmark and t in profile.benchmark_types)]
-    competitor_types = list(profile.benchmark_types) if profile.benchmark and profile.competitor_stage1 == "own" else []
+    stage1_types, competitor_types = trained_types(profile)
     if plan is not None and plan.lanes > 1:  # every training first, side by side; the steps below find them done
         trainings = trainings_longest_first(configs, runs, stage1_types, competitor_types)
         steps.run(f"train {len(trainings)} runs, {plan.describe()}", train_side_by_side, trainings, data, profile,

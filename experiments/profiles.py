@@ -120,3 +120,15 @@ CAMERA_TYPES = ("m2", "m4")  # the LSS types of configs/sim/types: only they nee
 # The separate test set's simulator seed is the data seed plus this, so none of its scenes repeats a
 # scene of the dataset (scenario k's seed is SeedSequence([seed, k]), recorder.scenario_seed).
 TEST_SEED_OFFSET = 1_000_000
+
+
+def trained_types(profile: Profile, benchmark: Optional[bool] = None) -> Tuple[List[str], List[str]]:
+    """(types whose GenComm stage 1 one seed of the main job trains, types whose competitors' own stage 1
+    it trains), in STAGE1's order. m1 and m3 always (the main table onboards m3 into m1's alliance); the
+    benchmark's other types and the competitors' own stage 1 only when the benchmark runs. ``benchmark``
+    overrides ``profile.benchmark`` (``--benchmark``). The pipeline and the job's cost projection both ask
+    this, so that the projection prices what the job runs."""
+    bench = profile.benchmark if benchmark is None else benchmark
+    stage1 = [t for t in STAGE1 if t in ("m1", "m3") or (bench and t in profile.benchmark_types)]
+    competitors = list(profile.benchmark_types) if bench and profile.competitor_stage1 == "own" else []
+    return stage1, competitors

@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from experiments.profiles import (BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, PROFILES, STAGE1, STAGE2, STAGE2_EGOTARGET,
-                                  Profile)
+                                  Profile, trained_types)
 
 
 def _train_frames(profile: Profile) -> Tuple[int, int]:
@@ -187,9 +187,9 @@ def job_plan(profile: Profile, benchmark: Optional[bool] = None, robustness: boo
     from experiments.benchmark import METHODS
     bench = profile.benchmark if benchmark is None else benchmark
     trainings = [(Path(c).stem, c) for _, _, c, _ in BASELINES]
-    trainings += [(Path(c).stem, c) for t, c in STAGE1.items() if t in ("m1", "m3") or (bench and t in profile.benchmark_types)]
-    if bench and profile.competitor_stage1 == "own":
-        trainings += [(Path(COMPETITOR_STAGE1[t]).stem, COMPETITOR_STAGE1[t]) for t in profile.benchmark_types]
+    stage1_types, competitor_types = trained_types(profile, bench)
+    trainings += [(Path(STAGE1[t]).stem, STAGE1[t]) for t in stage1_types]
+    trainings += [(Path(COMPETITOR_STAGE1[t]).stem, COMPETITOR_STAGE1[t]) for t in competitor_types]
     onboardings: List[Tuple[str, Optional[str]]] = [("gencomm_m1_m3", STAGE2)]
     if profile.variant_rows:
         onboardings.append(("gencomm_egotarget_m1_m3", STAGE2_EGOTARGET))

@@ -76,3 +76,20 @@ def test_one_learning_curve_budget_is_the_lidar_pair_with_its_benchmark_and_no_s
     monkeypatch.setattr(job_cost, "project", lambda *a, **k: seen.append((a, k)) or {})
     job_cost.main(["--profile", "full", "--benchmark_types", "m1,m3", "--no_robustness"])
     assert seen[0][0][5] is None and seen[0][0][6] == ["m1", "m3"] and seen[0][1] == {"robustness": False}
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+@pytest.mark.parametrize("benchmark", [False, True])
+def test_the_plan_prices_the_runs_the_pipeline_trains(tmp_path, name, benchmark):
+    """job_plan and experiments.pipeline ask the same trained_types, so the projection's trainings are
+    exactly the runs one seed of the main job trains (the pipeline's lanes list them longest first)."""
+    from experiments.pipeline import trainings_longest_first
+    from experiments.profiles import trained_types
+    profile = PROFILES[name]
+    planned = {n for n, _ in job_cost.job_plan(profile, benchmark).trainings}
+    stage1, competitors = trained_types(profile, benchmark)
+    trained = {run.name for _, run in trainings_longest_first(tmp_path, tmp_path / "runs", stage1, competitors)}
+    assert planned == trained
+    assert {"gencomm_stage1_m1", "gencomm_stage1_m3"} <= trained
+    assert (len(trained) > 6) == (benchmark and profile.competitor_stage1 == "own" or
+                                  benchmark and any(t not in ("m1", "m3") for t in profile.benchmark_types))
