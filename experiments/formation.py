@@ -12,6 +12,8 @@ archived copy):
 * ``config.yaml``: ``train.seed``, ``data.modality`` (which agents) and
   ``model.link.generation_weight`` (``-`` for a link without one);
 * ``train_log.jsonl``: the optimizer steps and the thread counts its epochs recorded;
+* ``model.link.type``: a GenComm link's trained run is a ``stage 1`` row, a full-feature one a
+  ``full feature`` row (intermediate fusion's model, for comparison);
 * ``onboarding.json`` when present: the row is an onboarding of its ``new_types``;
 * ``eval_intermediate.json``: AP@0.3/0.5/0.7 (global order) with their 95 % scene-bootstrap
   intervals, and ``recall_by_visibility.collaborators_only``: of the test objects that only a
@@ -37,6 +39,8 @@ import yaml
 from .curves import THRESHOLDS, _collab, epoch_records
 from .tables import ap_cell, table
 
+# model.link.type -> the row's kind for a trained (not onboarded) run; a config without one is GenComm's
+LINK_KINDS = {"gencomm": "stage 1", "full_feature": "full feature"}
 BLOCK = re.compile(r"(<!-- formation:(?P<runs>[^>]*?)-->\n)(?P<body>.*?)(<!-- /formation -->)", re.S)
 HEADER = ("run", "kind", "agents", "seed", "threads", "steps", "generation weight",
           "collaborator-only found (recall)", "AP@0.3", "AP@0.5", "AP@0.7")
@@ -123,7 +127,8 @@ def read_row(run: Path, name: Optional[str] = None) -> FormationRow:
         raise FormationError(f"{folder.train_log}: no epoch record (the run trained nothing yet)")
     threads = tuple(sorted({int(r["threads"]) for r in records if r.get("threads") is not None}))
     steps = sum(int(r.get("steps", 0)) for r in records)
-    kind = "stage 1"
+    link = str(_field(cfg, ("model", "link", "type"), cfg_path, default="gencomm"))
+    kind = LINK_KINDS.get(link, link)
     if folder.onboarding_report.is_file():
         onboarding = _load_json(folder.onboarding_report)
         kind = "onboarded " + ", ".join(_field(onboarding, ("new_types",), folder.onboarding_report))

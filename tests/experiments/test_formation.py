@@ -41,6 +41,12 @@ def test_a_row_reads_seed_threads_steps_and_the_collaborator_only_count(tmp_path
     onboarded = read_row(_run(tmp_path / "on", found=56, total=118, onboarding=True, weight=0.0))
     assert onboarded.kind == "onboarded m3" and onboarded.agents == "cycle:m1,m3"
     assert onboarded.found == 56 and onboarded.total == 118
+    full = tmp_path / "full"
+    _run(full, found=64, total=118, weight=None)
+    cfg = yaml.safe_load((full / "config.yaml").read_text())
+    cfg["model"]["link"] = {"type": "full_feature"}
+    (full / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert read_row(full).kind == "full feature" and read_row(full).generation_weight is None
 
 
 def test_the_summary_counts_runs_whose_path_formed(tmp_path):
