@@ -33,6 +33,7 @@ import sys
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import Dict
 
 from opencood_ext.data.formats.layout import HETERO_FROM, HETERO_TO, hetero_tree
 from opencood_ext.sim.agent_types import DEFAULT_PATH, load_agent_types
@@ -137,6 +138,17 @@ def _rig_id(path: Path) -> str:
     return f"{path.name} sha256:{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
 
 
+def split_counts(splits: Dict[str, str]) -> str:
+    """``scenario -> split`` as one short line, e.g. ``train 340, validate 20, test 40 scenarios`` (the
+    scenario folders themselves are under ``<out>/<split>/``); a 400-scenario dataset used to print every name."""
+    counts: Dict[str, int] = {}
+    for split in splits.values():
+        counts[split] = counts.get(split, 0) + 1
+    usual = ("train", "validate", "test")
+    order = [s for s in usual if s in counts] + sorted(set(counts) - set(usual))
+    return ", ".join(f"{s} {counts[s]}" for s in order) + " scenarios" if counts else "no scenarios"
+
+
 def main(argv=None) -> int:
     """Exit status 0, or 2 with one line on stderr for bad input (a missing or malformed rig file,
     an output path --tree heal cannot use, a bad split ratio)."""
@@ -184,7 +196,7 @@ def _record(args) -> int:
         world.close()
     side = f"; 32/16-beam scans and depth in {hetero}" if hetero else ""
     print(f"{args.out}: recorded {len(res.recorded)} scenario(s), skipped {len(res.skipped)} finished; "
-          f"splits {dict(sorted(res.splits.items()))}{side}")
+          f"{split_counts(res.splits)}{side}")
     return 0
 
 

@@ -107,7 +107,9 @@ def test_rerun_skips_finished_and_redoes_interrupted_scenarios(recorded, capsys)
     before = _hashes(a)
     mtimes = {p: p.stat().st_mtime_ns for p in a.rglob("*.pcd")}
     assert tool.main(["-o", str(a)] + TINY) == 0
-    assert "recorded 0 scenario(s), skipped 2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "recorded 0 scenario(s), skipped 2" in out
+    assert out.rstrip().endswith("train 1, validate 1 scenarios")  # counts, not every scenario's name
     assert all(p.stat().st_mtime_ns == t for p, t in mtimes.items())
     # an interrupted scenario: marker missing, a stray file left behind
     (a / MARKER_DIR / "scenario_0001.json").unlink()
@@ -349,3 +351,11 @@ def test_frame_interval_spaces_the_saved_frames_and_is_part_of_the_recording(rec
         tool.main(["-o", str(tmp_path / "bad"), "--frame_interval", "0.12"] + TINY)
     assert "--frame_interval must be a positive multiple of 0.05 s, got '0.12'" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_summary_counts_scenarios_per_split():
+    from opencood_ext.cli.simulate import split_counts
+    splits = {f"s{k:03d}": ("train" if k < 340 else "validate" if k < 360 else "test") for k in range(400)}
+    assert split_counts(splits) == "train 340, validate 20, test 40 scenarios"
+    assert split_counts({"a": "test", "b": "extra"}) == "test 1, extra 1 scenarios"
+    assert split_counts({}) == "no scenarios"
