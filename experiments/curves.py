@@ -21,7 +21,7 @@ less than 2 % below its loss at K/2 (:data:`CONVERGED_GAIN`). The **ranking** at
 main table by AP@0.5; it has settled at the smallest budget from which it no longer changes.
 
 ``report`` writes ``curves.json`` (every point, the convergence verdicts, the rankings, each budget's
-command and commit), ``CURVES.md`` and ``curves.png`` (AP@0.5, validation loss and collaborator-only
+command, commit, wall time and training core-hours), ``CURVES.md`` and ``curves.png`` (AP@0.5, validation loss and collaborator-only
 recall against optimizer steps, one line per run).
 """
 from __future__ import annotations
@@ -204,11 +204,22 @@ def collect(out: Path) -> Curves:
     for folder in sorted(done, key=_budget_of):
         b = _budget_of(folder)
         res = Results.load(folder / "results.json")
-        budgets.append({"budget": b, "command": res.command, "commit": res.commit, "total_wall_s": res.total_wall_s})
+        budgets.append({"budget": b, "command": res.command, "commit": res.commit, "total_wall_s": res.total_wall_s,
+                        "train_core_hours": round(train_core_hours(folder / "runs"), 3)})
         points += points_of_budget(folder, b)
     if not points:
         raise FileNotFoundError(f"{out}: no budget<K>/results.json (run `learning_curves.py run` first)")
     return analyse(points, budgets)
+
+
+def train_core_hours(runs: Path) -> float:
+    """Core-hours of every training and onboarding under ``runs`` (any depth): each epoch record's
+    ``time_s`` (its training and validation) times its ``threads`` (1 where a record predates them).
+    Evaluations are not in it; a budget's ``total_wall_s`` covers the whole job."""
+    total = 0.0
+    for log in sorted(Path(runs).rglob("train_log.jsonl")):
+        total += sum(float(r.get("time_s", 0.0)) * int(r.get("threads") or 1) for r in epoch_records(log.parent))
+    return total / 3600.0
 
 
 def _budget_of(folder: Path) -> int:
@@ -241,7 +252,23 @@ def markdown(curves: Curves) -> str:
     settled = curves.ranking_settled_at
     lines += ["", "The ranking " + (f"no longer changes from {settled}x on." if settled is not None else
                                     "has not been measured at two budgets yet.")]
+    if curves.budgets:
+        lines += ["", "What each budget's job took (core-hours: every training's and onboarding's epochs, time x "
+                      "threads; the job's wall time adds simulation and evaluations):", ""]
+        cost = [[f"{b['budget']}x", str(b.get("commit") or "-"), _hours(b.get("total_wall_s")),
+                 _hours(None if b.get("train_core_hours") is None else b["train_core_hours"] * 3600.0)]
+                for b in curves.budgets]
+        spent = [b.get("train_core_hours") for b in curves.budgets]
+        if len(cost) > 1:
+            walls = [b.get("total_wall_s") for b in curves.budgets]
+            cost.append(["all", "", _hours(sum(walls) if None not in walls else None),
+                         _hours(sum(spent) * 3600.0 if None not in spent else None)])
+        lines += markdown_table(["budget", "commit", "job wall (h)", "training core-hours"], cost)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _hours(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else f"{seconds / 3600.0:.2f}"
 
 
 def _point_cell(p: CurvePoint) -> str:

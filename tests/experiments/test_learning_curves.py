@@ -25,7 +25,8 @@ def _eval(ap5, ap7, collab=None):
 def _run(folder: Path, losses, steps=72):
     folder.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"kind": "step", "epoch": 1, "step": 10, "loss": 9.0})]
-    lines += [json.dumps({"kind": "epoch", "epoch": k + 1, "steps": steps, "time_s": 10.0, "val_detection_loss": v})
+    lines += [json.dumps({"kind": "epoch", "epoch": k + 1, "steps": steps, "time_s": 360.0, "threads": 2,
+                          "val_detection_loss": v})
               for k, v in enumerate(losses)]
     (folder / "train_log.jsonl").write_text("\n".join(lines) + "\n")
     return str(folder)
@@ -97,12 +98,16 @@ def test_points_from_budget_folders_and_the_report(tmp_path):
     files = write_report(curves, tmp_path / "report")
     assert [f.name for f in files] == ["curves.json", "CURVES.md", "curves.png"]
     doc = json.loads(files[0].read_text())
+    # budget 1's runs: 3 main rows of 2 epochs, the onboarding's 1 and the stage-1 run's 2: 9 epochs x 360 s x 2 threads
     assert doc["ranking_settled_at"] == 2 and doc["budgets"][0] == {"budget": 1, "command": "gencomm-reproduce --budget 1",
-                                                                   "commit": "abc1234", "total_wall_s": 1.0}
+                                                                   "commit": "abc1234", "total_wall_s": 1.0,
+                                                                   "train_core_hours": 1.8}
+    assert [b["train_core_hours"] for b in doc["budgets"]] == [1.8, 1.2, 0.8]
     assert len(doc["points"]) == 3 * 3 + 3 + 2
     md = files[1].read_text()
     assert "| late | 0.800 / 0.400 / 10/100 / 1.000 |" in md and "| 2x |" in md
     assert "no longer changes from 2x on" in md and "not yet |" in md
+    assert "| 1x | abc1234 | 0.00 | 1.80 |" in md and "| all |  | 0.00 | 3.80 |" in md
     assert files[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
