@@ -20,7 +20,7 @@ from .evaluation import Evaluation
 from .lanes import LanePlan, enter_lane, train_side_by_side
 from .method_ids import GENCOMM, GENCOMM_EGOTARGET
 from .profiles import (BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE2, STAGE2_EGOTARGET, TEST_SEED_OFFSET,
-                       Profile, trained_types)
+                       MAIN_ONBOARDING, Profile, trained_types)
 from .results import ResultRow, StepTime
 from .run_facts import run_facts
 from .steps import Command, call, sets
@@ -238,7 +238,8 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
     # the benchmark's GenComm run when it onboards m3 alone; then (profile.variant_rows) the variant beyond the
     # paper, onboarded from the same stage-1 runs into its own folder, its row right after the faithful one
     note = f"stage 2 only; stage 1: m1 {wall1['m1']:.0f} s, m3 {wall1['m3']:.0f} s"
-    row, onboarding = onboard_m3_row(GENCOMM, "GenComm (m3 onboarded)", STAGE2, "GenComm", runs / "onboard_gencomm_m3",
+    row, onboarding = onboard_m3_row(GENCOMM, "GenComm (m3 onboarded)", STAGE2, "GenComm",
+                                     runs / MAIN_ONBOARDING,
                                      stage1, data, profile, evaluation, steps, configs, note)
     rows.append(row)
     if profile.variant_rows:

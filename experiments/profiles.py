@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .method_ids import EARLY, INTERMEDIATE, LATE, NO_FUSION
 
@@ -132,3 +132,16 @@ def trained_types(profile: Profile, benchmark: Optional[bool] = None) -> Tuple[L
     stage1 = [t for t in STAGE1 if t in ("m1", "m3") or (bench and t in profile.benchmark_types)]
     competitors = list(profile.benchmark_types) if bench and profile.competitor_stage1 == "own" else []
     return stage1, competitors
+
+
+def onboarding_folder(method: str, types: Sequence[str], own_stage1: bool = False) -> str:
+    """The run folder (under a seed's ``runs/``) of onboarding method ``method`` bringing ``types[1:]`` into
+    ``types[0]``'s alliance: ``onboard_<method>_<new types>``, ``_own_stage1`` added for a competitor that starts
+    from its own full-feature stage-1 runs. The main table's GenComm row is ``onboarding_folder("gencomm",
+    ("m1", "m3"))``, so on the LiDAR pair the benchmark's GenComm onboarding (the same config) finds it
+    finished: the job trains it once, and its cost projection counts it once."""
+    return f"onboard_{method}_{''.join(types[1:])}{'_own_stage1' if own_stage1 else ''}"
+
+
+# the main table's GenComm onboarding of m3 into m1's alliance (and, on the LiDAR pair, the benchmark's)
+MAIN_ONBOARDING = onboarding_folder("gencomm", ("m1", "m3"))

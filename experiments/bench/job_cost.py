@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from experiments.profiles import (BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, PROFILES, STAGE1, STAGE2, STAGE2_EGOTARGET,
-                                  Profile, trained_types)
+                                  MAIN_ONBOARDING, Profile, onboarding_folder, trained_types)
 
 
 def _train_frames(profile: Profile) -> Tuple[int, int]:
@@ -194,8 +194,10 @@ def job_plan(profile: Profile, benchmark: Optional[bool] = None, robustness: boo
     if profile.variant_rows:
         onboardings.append(("gencomm_egotarget_m1_m3", STAGE2_EGOTARGET))
     main_rows = len(BASELINES) + len(onboardings)
-    if bench:
-        onboardings += [(m, None) for _, m in METHODS]
+    if bench:  # the LiDAR pair's benchmark GenComm run is the main table's (onboarding_folder): trained once
+        own = profile.competitor_stage1 == "own"
+        onboardings += [(m, None) for _, m in METHODS
+                        if onboarding_folder(m, profile.benchmark_types, own and m != "gencomm") != MAIN_ONBOARDING]
     alliances = len(profile.benchmark_types)
     return JobPlan(trainings, onboardings, main_rows=main_rows,
                    sweep_levels=_sweep_levels(profile) if robustness else 0,

@@ -1,6 +1,7 @@
 """gencomm-bench job (experiments/bench/job_cost.py): the projection counts what the main job does.
 Its timings are measurements, never asserted; these tests check the counts it multiplies by."""
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -71,6 +72,9 @@ def test_one_learning_curve_budget_is_the_lidar_pair_with_its_benchmark_and_no_s
     plan = job_cost.job_plan(dataclasses.replace(PROFILES["full"], benchmark_types=("m1", "m3")), True,
                              robustness=False)
     assert [n for n, _ in plan.trainings][6:] == ["baseline_stage1_m1", "baseline_stage1_m3"]
+    # the benchmark's GenComm onboarding of m3 is the main table's run (same folder, same config): priced once
+    assert [n for n, _ in plan.onboardings] == ["gencomm_m1_m3", "gencomm_egotarget_m1_m3", "backalign", "stamp",
+                                                "mpda", "mpda_fusion_head", "codefilling"]
     assert (plan.sweep_levels, plan.cameras, plan.benchmark_evals) == (0, False, 7 * 2 + 1)
     seen = []
     monkeypatch.setattr(job_cost, "project", lambda *a, **k: seen.append((a, k)) or {})
@@ -93,3 +97,24 @@ def test_the_plan_prices_the_runs_the_pipeline_trains(tmp_path, name, benchmark)
     assert {"gencomm_stage1_m1", "gencomm_stage1_m3"} <= trained
     assert (len(trained) > 6) == (benchmark and profile.competitor_stage1 == "own" or
                                   benchmark and any(t not in ("m1", "m3") for t in profile.benchmark_types))
+
+
+def test_the_lidar_pairs_benchmark_gencomm_run_is_the_main_tables_folder(tmp_path):
+    """What lets the plan price it once: the benchmark names its GenComm m3 onboarding exactly as the main
+    table's (MAIN_ONBOARDING, the pipeline's folder), so its gencomm-onboard finds that run finished; the other
+    methods and alliances get folders of their own."""
+    from experiments import benchmark
+    from experiments.profiles import MAIN_ONBOARDING, onboarding_folder
+    assert MAIN_ONBOARDING == "onboard_gencomm_m3"
+    assert onboarding_folder("stamp", ("m1", "m3"), True) == "onboard_stamp_m3_own_stage1"
+    assert onboarding_folder("gencomm", ("m1", "m2", "m3", "m4")) == "onboard_gencomm_m2m3m4"
+    seen = []
+
+    def run_cmd(command):
+        seen.append((command.program, Path(command.argv[command.argv.index("-o") + 1]).name))
+        raise StopIteration  # the first onboarding is all this test needs
+
+    with pytest.raises(StopIteration):
+        benchmark.run_benchmark(tmp_path / "runs", {"m1": tmp_path / "a", "m3": tmp_path / "b"}, "sim", run_cmd, [],
+                                types=("m1", "m3"))
+    assert seen == [("gencomm-onboard", MAIN_ONBOARDING)]
