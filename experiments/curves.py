@@ -216,8 +216,9 @@ def train_core_hours(runs: Path) -> float:
     """Core-hours of every training and onboarding under ``runs`` (any depth): each epoch record's
     ``time_s`` (its training and validation) times its ``threads`` (1 where a record predates them).
     Evaluations are not in it; a budget's ``total_wall_s`` covers the whole job."""
+    from opencood_ext.run_folder import RunFolder
     total = 0.0
-    for log in sorted(Path(runs).rglob("train_log.jsonl")):
+    for log in sorted(Path(runs).rglob(RunFolder(runs).train_log.name)):  # every run folder's train log
         total += sum(float(r.get("time_s", 0.0)) * int(r.get("threads") or 1) for r in epoch_records(log.parent))
     return total / 3600.0
 
