@@ -256,20 +256,18 @@ def markdown(curves: Curves) -> str:
     if curves.budgets:
         lines += ["", "What each budget's job took (core-hours: every training's and onboarding's epochs, time x "
                       "threads; the job's wall time adds simulation and evaluations):", ""]
-        cost = [[f"{b['budget']}x", str(b.get("commit") or "-"), _hours(b.get("total_wall_s")),
-                 _hours(None if b.get("train_core_hours") is None else b["train_core_hours"] * 3600.0)]
-                for b in curves.budgets]
+        walls = [None if b.get("total_wall_s") is None else b["total_wall_s"] / 3600.0 for b in curves.budgets]
         spent = [b.get("train_core_hours") for b in curves.budgets]
+        cost = [[f"{b['budget']}x", str(b.get("commit") or "-"), _hours(w), _hours(c)]
+                for b, w, c in zip(curves.budgets, walls, spent)]
         if len(cost) > 1:
-            walls = [b.get("total_wall_s") for b in curves.budgets]
-            cost.append(["all", "", _hours(sum(walls) if None not in walls else None),
-                         _hours(sum(spent) * 3600.0 if None not in spent else None)])
+            cost.append(["all", "", *(_hours(sum(v) if None not in v else None) for v in (walls, spent))])
         lines += markdown_table(["budget", "commit", "job wall (h)", "training core-hours"], cost)
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _hours(seconds: Optional[float]) -> str:
-    return "-" if seconds is None else f"{seconds / 3600.0:.2f}"
+def _hours(hours: Optional[float]) -> str:
+    return "-" if hours is None else f"{hours:.2f}"
 
 
 def _point_cell(p: CurvePoint) -> str:

@@ -30,6 +30,7 @@ import argparse
 import hashlib
 import os
 import sys
+from collections import Counter
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -141,9 +142,7 @@ def _rig_id(path: Path) -> str:
 def split_counts(splits: Dict[str, str]) -> str:
     """``scenario -> split`` as one short line, e.g. ``train 340, validate 20, test 40 scenarios`` (the
     scenario folders themselves are under ``<out>/<split>/``); a 400-scenario dataset used to print every name."""
-    counts: Dict[str, int] = {}
-    for split in splits.values():
-        counts[split] = counts.get(split, 0) + 1
+    counts = Counter(splits.values())
     usual = ("train", "validate", "test")
     order = [s for s in usual if s in counts] + sorted(set(counts) - set(usual))
     return ", ".join(f"{s} {counts[s]}" for s in order) + " scenarios" if counts else "no scenarios"
