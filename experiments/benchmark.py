@@ -37,7 +37,7 @@ from opencood_ext.run_folder import DYNAMIC, RunFolder, epoch_checkpoint, evalua
 
 from .evaluation import Alliance, Evaluation
 from .method_ids import LATE_OF_STAGE1, NONE_OF_STAGE1, ONBOARDING_ROWS
-from .profiles import onboarding_folder
+from .profiles import onboarding_folder, starts_from_own_stage1
 from .run_facts import run_facts
 from .results import ResultRow
 from .steps import Command, sets
@@ -119,7 +119,7 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
     scored = scored_methods(score_epochs, methods)
     rows = []
     for name, method in methods:
-        own = method != "gencomm" and competitor_stage1 is not None
+        own = starts_from_own_stage1(method, competitor_stage1 is not None)
         start = competitor_stage1 if own else stage1
         run = runs / onboarding_folder(method, types, own)
         argv = ["-y", cfgs[method], "--ego", start[types[0]], *[a for t in types[1:] for a in ("--new", start[t])],

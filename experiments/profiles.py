@@ -134,6 +134,14 @@ def trained_types(profile: Profile, benchmark: Optional[bool] = None) -> Tuple[L
     return stage1, competitors
 
 
+def starts_from_own_stage1(method: str, own_runs: bool) -> bool:
+    """Whether onboarding method ``method`` starts from the competitors' own full-feature stage-1 runs
+    (``COMPETITOR_STAGE1``) rather than GenComm's: every competitor does when those runs are trained
+    (``own_runs``: the profile's ``competitor_stage1 == "own"``), GenComm never. The benchmark and the job's
+    cost projection both ask this, so that the projection prices the folders the benchmark trains."""
+    return own_runs and method != "gencomm"
+
+
 def onboarding_folder(method: str, types: Sequence[str], own_stage1: bool = False) -> str:
     """The run folder (under a seed's ``runs/``) of onboarding method ``method`` bringing ``types[1:]`` into
     ``types[0]``'s alliance: ``onboard_<method>_<new types>``, ``_own_stage1`` added for a competitor that starts

@@ -37,7 +37,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from experiments.profiles import (BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, PROFILES, STAGE1, STAGE2, STAGE2_EGOTARGET,
-                                  MAIN_ONBOARDING, Profile, onboarding_folder, trained_types)
+                                  MAIN_ONBOARDING, Profile, onboarding_folder, starts_from_own_stage1,
+                                  trained_types)
 
 
 def _train_frames(profile: Profile) -> Tuple[int, int]:
@@ -196,8 +197,8 @@ def job_plan(profile: Profile, benchmark: Optional[bool] = None, robustness: boo
     main_rows = len(BASELINES) + len(onboardings)
     if bench:  # the LiDAR pair's benchmark GenComm run is the main table's (onboarding_folder): trained once
         own = profile.competitor_stage1 == "own"
-        onboardings += [(m, None) for _, m in METHODS
-                        if onboarding_folder(m, profile.benchmark_types, own and m != "gencomm") != MAIN_ONBOARDING]
+        onboardings += [(m, None) for _, m in METHODS if onboarding_folder(
+            m, profile.benchmark_types, starts_from_own_stage1(m, own)) != MAIN_ONBOARDING]
     alliances = len(profile.benchmark_types)
     return JobPlan(trainings, onboardings, main_rows=main_rows,
                    sweep_levels=_sweep_levels(profile) if robustness else 0,

@@ -205,3 +205,23 @@ def test_every_onboarding_and_evaluation_shares_the_feature_cache(tmp_path):
                       feature_cache=cache)
         used = {c.value("--feature_cache") if "--feature_cache" in c else None for c in log}
         assert used == {cache} and {c.program for c in log} == {"gencomm-onboard", "gencomm-infer"}
+
+
+@pytest.mark.parametrize("competitor_stage1", ["own", "gencomm"])
+def test_the_job_plan_prices_the_onboardings_the_benchmark_runs(tmp_path, competitor_stage1):
+    """gencomm-bench job's plan and run_benchmark ask one rule (profiles.starts_from_own_stage1) for which
+    folder each method onboards into, so the plan prices every benchmark onboarding but the one that is the
+    main table's run (MAIN_ONBOARDING), once each."""
+    from experiments.bench.job_cost import job_plan
+    from experiments.profiles import BASELINES, MAIN_ONBOARDING, PROFILES
+    profile = dataclasses.replace(PROFILES["full"], benchmark_types=("m1", "m3"), competitor_stage1=competitor_stage1)
+    gen = _stage1_runs(tmp_path, "gencomm")
+    own = _stage1_runs(tmp_path, "baseline") if competitor_stage1 == "own" else None
+    log = []
+    run_benchmark(tmp_path, gen, "sim", _fake_tools(log), [], types=("m1", "m3"), competitor_stage1=own)
+    ran = {Path(c.value("-o")).name: Path(c.value("-y")).stem.rsplit("_m1_m3", 1)[0]
+           for c in log if c.program == "gencomm-onboard"}
+    plan = job_plan(profile, True, robustness=False)
+    benchmark_onboardings = plan.onboardings[plan.main_rows - len(BASELINES):]
+    assert [m for m, _ in benchmark_onboardings] == [m for folder, m in ran.items() if folder != MAIN_ONBOARDING]
+    assert MAIN_ONBOARDING in ran
