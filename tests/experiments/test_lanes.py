@@ -1,6 +1,7 @@
 """The main job's trainings side by side (experiments/lanes.py): how lanes share the threads, the order
 runs are handed out, and that lanes are separate processes on their share of threads whose failure
 stops the job with the step's error."""
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -44,7 +45,8 @@ def test_the_longest_trainings_go_first(tmp_path):
 def record_lane(config, run, data, profile, threads):
     """A lane's work in these tests: note the process, its thread count and what it was given."""
     Path(run).mkdir(parents=True)
-    (Path(run) / "lane.txt").write_text(f"{os.getpid()} {torch.get_num_threads()} {threads} {os.environ.get('OMP_NUM_THREADS')}")
+    (Path(run) / "lane.txt").write_text(f"{os.getpid()} {torch.get_num_threads()} {threads} {os.environ.get('OMP_NUM_THREADS')} "
+                                        f"{multiprocessing.get_context().get_start_method()}")
     return Path(run).name, 1.0
 
 
@@ -67,7 +69,9 @@ def test_two_lanes_are_two_processes_on_one_thread_each(tmp_path):
     seen = [(tmp_path / n / "lane.txt").read_text().split() for n in "abcd"]
     pids = {s[0] for s in seen}
     assert str(os.getpid()) not in pids and 1 <= len(pids) <= 2
-    assert all(s[1:] == ["1", "1", "1"] for s in seen)  # torch's count, the share given, OMP_NUM_THREADS
+    assert all(s[1:4] == ["1", "1", "1"] for s in seen)  # torch's count, the share given, OMP_NUM_THREADS
+    # a lane's data loader starts its workers the platform's way (fork on Linux), not by spawn
+    assert all(s[4] == multiprocessing.get_all_start_methods()[0] for s in seen)
 
 
 def test_a_failed_lane_stops_the_job_with_its_step_error(tmp_path):
