@@ -11,8 +11,9 @@ run after another on ``threads // N`` intra-op threads (:func:`lane_plan`), the 
 What each run trained with is recorded as always: every epoch record of its ``train_log.jsonl`` holds its
 ``threads``, so a lane's run compares with ``OMP_NUM_THREADS=<its threads> gencomm-train`` of the same config
 and seed: for 3 short epochs of ``configs/sim/m1_none.yaml`` with one data-loader worker, a one-thread lane
-and a plain one-thread run logged the same losses to every digit (session 36). A lane's failure stops the job with the failed step's one-line
-:class:`~experiments.steps.StepError` after the other lanes' current runs end; a rerun resumes them.
+and a plain one-thread run logged the same losses to every digit (session 36). A lane's failure stops the
+job with the failed step's one-line :class:`~experiments.steps.StepError` after the other lanes' current
+runs end; a rerun resumes them.
 """
 from __future__ import annotations
 
