@@ -131,7 +131,7 @@ def points_of_budget(folder: Path, budget: int) -> List[CurvePoint]:
     res = Results.load(folder / "results.json")
     points = []
     for row in res.rows:
-        evaluation = row.alliances[-1].eval if row.alliances else row.eval  # a benchmark row: its whole alliance
+        evaluation = row.eval  # a benchmark row's is its whole alliance's, with the recall its alliances lack
         ap, ci = _ap(evaluation)
         run = Path(row.run) if row.run else None
         points.append(CurvePoint(f"{row.table}/{row.method_id}", row.method, budget, row.optimizer_steps,
@@ -215,7 +215,7 @@ def collect(out: Path) -> Curves:
 def train_core_hours(runs: Path) -> float:
     """Core-hours of every training and onboarding under ``runs`` (any depth): each epoch record's
     ``time_s`` (its training and validation) times its ``threads`` (1 where a record predates them).
-    Evaluations are not in it; a budget's ``total_wall_s`` covers the whole job."""
+    Evaluations are not in it; a budget's ``total_wall_s`` is its job's last invocation's wall time."""
     from opencood_ext.run_folder import RunFolder
     total = 0.0
     for log in sorted(Path(runs).rglob(RunFolder(runs).train_log.name)):  # every run folder's train log
@@ -230,40 +230,79 @@ def _budget_of(folder: Path) -> int:
         raise ValueError(f"{folder}: a budget folder is named budget<K>, K a whole number") from None
 
 
+GROUPS = (  # (key prefix or stage-1 keys, CURVES.md section title, plot marker, plot line style)
+    ("main/", "Main table: the m1 + m3 alliance, each method trained its own way", "o", "-"),
+    ("heterogeneous/", "Onboarding benchmark: m3 onboarded into m1's alliance (AP and recall of the whole "
+                       "alliance)", "s", "--"),
+    ("stage1", "Stage-1 models, each scored among its own type (what its collaborators' messages carry)", "^", ":"),
+)
+
+
+def group_of(key: str) -> int:
+    """The index in :data:`GROUPS` of a curve key (stage-1 keys are :data:`STAGE1_RUNS`'s)."""
+    if key in STAGE1_RUNS:
+        return 2
+    for k, (prefix, *_rest) in enumerate(GROUPS[:2]):
+        if key.startswith(prefix):
+            return k
+    raise ValueError(f"curve key {key!r} is neither a table row (main/..., heterogeneous/...) nor a stage-1 run")
+
+
+def ordered_series(curves: Curves) -> List[Tuple[str, List[CurvePoint], Optional[str]]]:
+    """(key, points, twin) per run in group order; twin: the key of an earlier series trained in the very
+    same run folders at every budget (the benchmark's GenComm row is the main table's GenComm run), None
+    when it has its own runs."""
+    out, seen = [], {}
+    for key, series in sorted(curves.series().items(), key=lambda kv: (group_of(kv[0]), kv[0])):
+        runs = tuple((p.budget, p.run) for p in series)
+        twin = seen.get(runs) if all(r for _, r in runs) else None
+        out.append((key, series, twin))
+        seen.setdefault(runs, key)
+    return out
+
+
 def markdown(curves: Curves) -> str:
     """CURVES.md: per run, AP@0.5 / AP@0.7 / collaborator-only recall / validation loss at each budget,
-    the convergence verdicts and the rankings."""
+    the convergence verdicts, in three sections (:data:`GROUPS`); then the rankings and the cost."""
     budgets = sorted({p.budget for p in curves.points})
     lines = ["# Learning curves", "", f"Budgets (multiples of the configs' epochs): {', '.join(map(str, budgets))}. "
              f"A run has converged at the first budget whose validation detection loss is less than "
-             f"{CONVERGED_GAIN:.0%} below the previous budget's.", ""]
-    rows = []
-    for key, series in curves.series().items():
+             f"{CONVERGED_GAIN:.0%} below the previous budget's. Collab.-only: test vehicles only a collaborator "
+             f"sees that the run detects (IoU 0.5), of all such vehicles.", ""]
+    header = ["run", *[f"{b}x: AP@0.5 / AP@0.7 / collab.-only / val loss" for b in budgets], "converged at"]
+    by_group: Dict[int, List[List[str]]] = {}
+    for key, series, twin in ordered_series(curves):
         by = {p.budget: p for p in series}
-        cells = []
-        for b in budgets:
-            p = by.get(b)
-            cells.append("-" if p is None else _point_cell(p))
-        verdict = curves.converged_at.get(key)
-        rows.append([series[0].label, *cells, "not yet" if verdict is None else f"{verdict}x"])
-    lines += markdown_table(["run", *[f"{b}x: AP@0.5 / AP@0.7 / collab.-only / val loss" for b in budgets],
-                             "converged at"], rows)
-    lines += ["", "Main-table ranking by AP@0.5 (best first):", ""]
+        cells = ["-" if by.get(b) is None else _point_cell(by[b]) for b in budgets]
+        label = series[0].label if twin is None else f"{series[0].label} (the main table's run)"
+        by_group.setdefault(group_of(key), []).append([label, *cells, _verdict(curves, key, series)])
+    for g, rows in sorted(by_group.items()):
+        lines += [f"## {GROUPS[g][1]}", "", *markdown_table(header, rows), ""]
+    lines += ["## Ranking", "", "Main-table ranking by AP@0.5 (best first):", ""]
     lines += markdown_table(["budget", "ranking"], [[f"{b}x", " > ".join(r)] for b, r in sorted(curves.rankings.items())])
     settled = curves.ranking_settled_at
     lines += ["", "The ranking " + (f"no longer changes from {settled}x on." if settled is not None else
                                     "has not been measured at two budgets yet.")]
     if curves.budgets:
-        lines += ["", "What each budget's job took (core-hours: every training's and onboarding's epochs, time x "
-                      "threads; the job's wall time adds simulation and evaluations):", ""]
+        lines += ["", "## Cost", "", "What each budget's job took. Training core-hours: every training's and "
+                  "onboarding's epochs, time x threads, over all the job's invocations. Wall: the job's last "
+                  "invocation only (simulation and evaluations included; a resumed job's earlier invocations "
+                  "are not in it).", ""]
         walls = [None if b.get("total_wall_s") is None else b["total_wall_s"] / 3600.0 for b in curves.budgets]
         spent = [b.get("train_core_hours") for b in curves.budgets]
         cost = [[f"{b['budget']}x", str(b.get("commit") or "-"), _hours(w), _hours(c)]
                 for b, w, c in zip(curves.budgets, walls, spent)]
         if len(cost) > 1:
-            cost.append(["all", "", *(_hours(sum(v) if None not in v else None) for v in (walls, spent))])
-        lines += markdown_table(["budget", "commit", "job wall (h)", "training core-hours"], cost)
+            cost.append(["all", "", "", _hours(sum(spent) if None not in spent else None)])
+        lines += markdown_table(["budget", "commit", "last invocation's wall (h)", "training core-hours"], cost)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _verdict(curves: Curves, key: str, series: Sequence[CurvePoint]) -> str:
+    if all(p.val_detection_loss is None for p in series):
+        return "- (trains nothing)"
+    verdict = curves.converged_at.get(key)
+    return "not yet" if verdict is None else f"{verdict}x"
 
 
 def _hours(hours: Optional[float]) -> str:
@@ -280,17 +319,18 @@ def _point_cell(p: CurvePoint) -> str:
 
 def plot(curves: Curves, path: Path) -> Path:
     """curves.png: AP@0.5, validation detection loss and collaborator-only recall against optimizer
-    steps (log2 axis), one line per run."""
+    steps (log2 axis), one line per run folder (a twin series is drawn once; rows that train nothing, as
+    late fusion of the stage-1 models, have no steps and are left to CURVES.md): a colour of its own per
+    line (GenComm's main-table run black and thick), the marker and line style of its group (:data:`GROUPS`:
+    main table o -, benchmark s --, stage 1 ^ :)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
-    for key, series in curves.series().items():
-        pts = [p for p in series if p.optimizer_steps]
-        if not pts:
-            continue
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.5))
+    series_of = curves.series()
+    for key, style in line_styles(curves).items():
+        pts = [p for p in series_of[key] if p.optimizer_steps]
         x = [p.optimizer_steps for p in pts]
-        style = dict(marker="o", lw=2.2 if GENCOMM in key else 1.2, label=series[0].label)
         axes[0].plot(x, [p.ap.get("0.5") for p in pts], **style)
         losses = [(s, p.val_detection_loss) for s, p in zip(x, pts) if p.val_detection_loss is not None]
         if losses:
@@ -304,11 +344,26 @@ def plot(curves: Curves, path: Path) -> Path:
         ax.set_xlabel("optimizer steps")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
+    fig.tight_layout(rect=(0, 0.05 + 0.03 * ((len(labels) + 3) // 4), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def line_styles(curves: Curves) -> Dict[str, dict]:
+    """curves.png's lines: key -> matplotlib style (marker, ls, color, lw, label), in drawing order; the
+    keys drawn are those with optimizer steps and no twin (:func:`ordered_series`)."""
+    from matplotlib import colormaps
+    drawn = [(k, s) for k, s, twin in ordered_series(curves) if twin is None and any(p.optimizer_steps for p in s)]
+    palette = colormaps["tab20" if len(drawn) > 10 else "tab10"]
+    out = {}
+    for n, (key, series) in enumerate(drawn):
+        _, _, marker, line = GROUPS[group_of(key)]
+        colour = "black" if key == f"main/{GENCOMM}" else palette(n % palette.N)
+        out[key] = dict(marker=marker, ls=line, color=colour, lw=2.4 if GENCOMM in key else 1.3, label=series[0].label)
+    return out
 
 
 def write_report(curves: Curves, folder: Path) -> List[Path]:

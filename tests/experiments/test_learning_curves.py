@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.curves import (CONVERGED_GAIN, analyse, best_val_loss, collect, converged_budget, settled_budget,
-                                write_report)
+from experiments.curves import (CONVERGED_GAIN, analyse, best_val_loss, collect, converged_budget, line_styles,
+                                settled_budget, write_report)
 from experiments.curves_run import budgets_upto, main
 from experiments.evaluation import Alliance, Evaluation
 from experiments.results import ResultRow, Results
@@ -42,9 +42,17 @@ def _budget(out: Path, budget: int, figures: dict, stage1_collab=None):
         rows.append(ResultRow(mid, mid.replace("_", " "), _eval(ap5, ap7, collab), run=run, optimizer_steps=576 * budget,
                               train_wall_s=100.0 * budget, ego_only=_eval(ap5 - 0.1, ap7)))
     onboard = _run(folder / "runs" / "onboard_gencomm_m3", [1.0 / budget])
-    rows.append(ResultRow("gencomm", "GenComm (m3)", _eval(0.5, 0.2), table="heterogeneous", run=onboard,
+    # as the benchmark writes a row: eval is the whole alliance's evaluation file (with the recall); its
+    # alliances keep AP, intervals and bytes only
+    whole = _eval(0.55, 0.25, (3, 10))
+    rows.append(ResultRow("gencomm", "GenComm (m3)", whole, table="heterogeneous", run=onboard,
                           optimizer_steps=576 * budget,
-                          alliances=[Alliance(["m1"], _eval(0.4, 0.1)), Alliance(["m1", "m3"], _eval(0.55, 0.25, (3, 10)))]))
+                          alliances=[Alliance(["m1"], _eval(0.4, 0.1)), Alliance(["m1", "m3"], _eval(0.55, 0.25))]))
+    rows.append(ResultRow("late_of_stage1", "Late fusion (stage-1 models)", _eval(0.5, 0.2, (4, 10)),
+                          table="heterogeneous", run=_run(folder / "runs" / "late_of_stage1_m1m3", []),
+                          optimizer_steps=0))
+    if "gencomm" in figures:  # the main table's GenComm row is the benchmark's GenComm onboarding
+        rows[list(figures).index("gencomm")].run = onboard
     if stage1_collab is not None:  # the stage-1 run scored among its own type, as gencomm-infer writes it
         run = folder / "runs" / "gencomm_stage1_m1"
         _run(run, [0.9, 0.8])
@@ -86,12 +94,13 @@ def test_points_from_budget_folders_and_the_report(tmp_path):
     assert late1.ap["0.5"] == 0.80 and late1.ap_ci["0.7"] == pytest.approx([0.38, 0.42])
     onboard = series["heterogeneous/gencomm"]
     assert onboard[0].ap["0.5"] == 0.55 and onboard[0].collaborator_only == [3, 10]  # the whole alliance's
+    assert series["heterogeneous/late_of_stage1"][0].collaborator_only == [4, 10]
     stage1 = series["gencomm_stage1_m1"]
     assert [p.collaborator_only for p in stage1] == [[0, 119], [30, 119]] and stage1[0].val_detection_loss == 0.8
     assert stage1[0].optimizer_steps == 144
     assert curves.converged_at["main/late"] == 2          # 1.0 -> 0.99: 1 %
     assert curves.converged_at["main/intermediate"] == 4  # 1.1 -> 0.9 -> 0.89
-    assert curves.converged_at["main/gencomm"] is None    # 1.4 -> 1.2 -> 1.0
+    assert curves.converged_at["main/gencomm"] is None    # its onboarding run's: 1.0 -> 0.5 -> 0.25
     assert curves.rankings[1] == ["late", "intermediate", "gencomm"]
     assert curves.rankings[2] == curves.rankings[4] == ["intermediate", "late", "gencomm"]
     assert curves.ranking_settled_at == 2
@@ -103,12 +112,23 @@ def test_points_from_budget_folders_and_the_report(tmp_path):
                                                                    "commit": "abc1234", "total_wall_s": 1.0,
                                                                    "train_core_hours": 1.8}
     assert [b["train_core_hours"] for b in doc["budgets"]] == [1.8, 1.2, 0.8]
-    assert len(doc["points"]) == 3 * 3 + 3 + 2
+    assert len(doc["points"]) == 3 * 3 + 3 * 2 + 2  # main rows, benchmark rows, stage-1 scorings
     md = files[1].read_text()
     assert "| late | 0.800 / 0.400 / 10/100 / 1.000 |" in md and "| 2x |" in md
     assert "no longer changes from 2x on" in md and "not yet |" in md
-    assert "| 1x | abc1234 | 0.00 | 1.80 |" in md and "| all |  | 0.00 | 3.80 |" in md
+    assert "| 1x | abc1234 | 0.00 | 1.80 |" in md and "| all |  |  | 3.80 |" in md
     assert files[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # three sections; the benchmark's GenComm row is named as the main table's run, once per section
+    sections = md.split("\n## ")
+    assert [t.split()[0] for t in sections[1:6]] == ["Main", "Onboarding", "Stage-1", "Ranking", "Cost"]
+    assert "| GenComm (m3) (the main table's run) | 0.550 / 0.250 / 3/10 / 1.000 |" in sections[2]
+    assert "| gencomm | 0.700 / 0.300 / 0/100 / 1.000 |" in sections[1]
+    assert "| Late fusion (stage-1 models) | " + "0.500 / 0.200 / 4/10 / - | " * 3 + "- (trains nothing) |" in sections[2]
+    # one line per run folder: no twin, nothing without steps, a colour each, GenComm's black
+    styles = line_styles(curves)
+    assert set(styles) == {"main/late", "main/intermediate", "main/gencomm", "gencomm_stage1_m1"}
+    assert len({tuple(st["color"]) if not isinstance(st["color"], str) else st["color"] for st in styles.values()}) == 4
+    assert styles["main/gencomm"]["color"] == "black" and styles["gencomm_stage1_m1"]["marker"] == "^"
 
 
 def test_cli_report_and_its_errors(tmp_path, capsys):
