@@ -20,24 +20,28 @@ validation detection loss (the selected epoch's: the lowest over its validated e
 less than 2 % below its loss at K/2 (:data:`CONVERGED_GAIN`). The **ranking** at a budget orders the
 main table by AP@0.5; it has settled at the smallest budget from which it no longer changes.
 
+Every row's AP is also given as its difference from the same budget's GenComm onboarding, with a 95 %
+interval paired over the same draws of test scenes (:func:`paired_with_gencomm`), so that a ranking's gaps
+can be told from noise.
+
 ``report`` writes ``curves.json`` (every point, the convergence verdicts, the rankings, each budget's
-command, commit, wall time and training core-hours), ``CURVES.md`` and ``curves.png`` (AP@0.5, validation loss and collaborator-only
-recall against optimizer steps, one line per run).
+command, commit, wall time and training core-hours), ``CURVES.md`` (sections: main table, onboarding
+benchmark, stage-1 scorings, differences from GenComm, ranking, cost) and ``curves.png`` (AP@0.5,
+validation loss and collaborator-only recall against optimizer steps, one line per run).
 """
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .method_ids import GENCOMM
 from .results import Results
-from .tables import table as markdown_table
 
 CONVERGED_GAIN = 0.02   # under 2 % lower validation detection loss over the last doubling: converged
 THRESHOLDS = ("0.3", "0.5", "0.7")
+PAIRED_RESAMPLES = 1000  # scene draws of each paired difference from GenComm (compare.py's default)
 STAGE1_RUNS = {  # curve key -> run folder name under runs/: every stage-1 model, scored among its own type
     "gencomm_stage1_m1": "gencomm_stage1_m1", "gencomm_stage1_m3": "gencomm_stage1_m3",
     "full_feature_stage1_m1": "baseline_stage1_m1", "full_feature_stage1_m3": "baseline_stage1_m3"}
@@ -49,7 +53,10 @@ class CurvePoint:
     stage-1 key of :data:`STAGE1_RUNS`; ap / ap_ci: threshold text -> AP / [lo, hi] (global order);
     collaborator_only: [found, total] test objects only a collaborator sees (None: not defined);
     val_detection_loss: the selected epoch's (None: the row trained nothing, e.g. late fusion of the
-    stage-1 runs); run: its run folder."""
+    stage-1 runs); run: its run folder; minus_gencomm: threshold text -> [AP(this) - AP(GenComm), lo, hi],
+    the global-order difference from the same budget's GenComm onboarding (m1 + m3) with its 95 % interval,
+    paired over the same scene draws (:data:`PAIRED_RESAMPLES`, seed 0); None for GenComm itself, the stage-1
+    scorings, and rows whose per-frame records are not kept."""
 
     key: str
     label: str
@@ -61,6 +68,7 @@ class CurvePoint:
     collaborator_only: Optional[List[int]]
     val_detection_loss: Optional[float]
     run: Optional[str]
+    minus_gencomm: Optional[Dict[str, List[float]]] = None
 
 
 @dataclass
@@ -129,6 +137,7 @@ def points_of_budget(folder: Path, budget: int) -> List[CurvePoint]:
     from opencood_ext.run_folder import RunFolder, evaluation_label
     from .evaluation import Evaluation
     res = Results.load(folder / "results.json")
+    differences = paired_with_gencomm(res.rows)
     points = []
     for row in res.rows:
         evaluation = row.eval  # a benchmark row's is its whole alliance's, with the recall its alliances lack
@@ -136,7 +145,8 @@ def points_of_budget(folder: Path, budget: int) -> List[CurvePoint]:
         run = Path(row.run) if row.run else None
         points.append(CurvePoint(f"{row.table}/{row.method_id}", row.method, budget, row.optimizer_steps,
                                  row.train_wall_s, ap, ci, _collab(evaluation.recall_by_visibility),
-                                 best_val_loss(run) if run is not None else None, row.run))
+                                 best_val_loss(run) if run is not None else None, row.run,
+                                 differences.get(f"{row.table}/{row.method_id}")))
     for key, name in STAGE1_RUNS.items():
         run = folder / "runs" / name
         label = evaluation_label("intermediate")
@@ -149,6 +159,33 @@ def points_of_budget(folder: Path, budget: int) -> List[CurvePoint]:
         points.append(CurvePoint(key, f"{key.replace('_', ' ')} (among its own type)", budget, steps, wall,
                                  ap, ci, _collab(ev.recall_by_visibility), log, str(run)))
     return points
+
+
+def paired_with_gencomm(rows) -> Dict[str, Dict[str, List[float]]]:
+    """``<table>/<method_id>`` -> {threshold: [AP(row) - AP(GenComm), lo, hi]} for every row of one budget
+    whose per-frame records are kept, against the main table's GenComm row (its whole m1 + m3 alliance),
+    on the same :data:`PAIRED_RESAMPLES` scene draws (seed 0); {} without a GenComm row with records. Rows
+    evaluated on other test frames raise ValueError naming both runs."""
+    from opencood_ext.eval.bootstrap import paired_difference, scene_draws
+    ref_row = next((r for r in rows if r.table == "main" and r.method_id == GENCOMM), None)
+    if ref_row is None or not ref_row.eval.has_records(ref_row.run):
+        return {}
+    ref = ref_row.eval.load_records(ref_row.run)
+    draws = scene_draws(ref.num_scenes, PAIRED_RESAMPLES, 0)
+    out = {}
+    for row in rows:
+        if row.run == ref_row.run or not row.eval.has_records(row.run):
+            continue
+        rec = row.eval.load_records(row.run)
+        try:
+            diff = paired_difference(rec.aligned_to(ref), ref, PAIRED_RESAMPLES, 0, draws=draws)
+        except ValueError as exc:
+            raise ValueError(f"{row.run} against GenComm's {ref_row.run}: {exc}") from None
+        thr = [str(t) for t in diff.thresholds]
+        out[f"{row.table}/{row.method_id}"] = {
+            t: [float(diff.diff["global"][k]), float(diff.lo["global"][k]), float(diff.hi["global"][k])]
+            for k, t in enumerate(thr) if t in THRESHOLDS}
+    return out
 
 
 def _train_facts(run: Path) -> Tuple[Optional[int], Optional[float]]:
@@ -228,152 +265,3 @@ def _budget_of(folder: Path) -> int:
         return int(folder.name[len("budget"):])
     except ValueError:
         raise ValueError(f"{folder}: a budget folder is named budget<K>, K a whole number") from None
-
-
-GROUPS = (  # (key prefix or stage-1 keys, CURVES.md section title, plot marker, plot line style)
-    ("main/", "Main table: the m1 + m3 alliance, each method trained its own way", "o", "-"),
-    ("heterogeneous/", "Onboarding benchmark: m3 onboarded into m1's alliance (AP and recall of the whole "
-                       "alliance)", "s", "--"),
-    ("stage1", "Stage-1 models, each scored among its own type (what its collaborators' messages carry)", "^", ":"),
-)
-
-
-def group_of(key: str) -> int:
-    """The index in :data:`GROUPS` of a curve key (stage-1 keys are :data:`STAGE1_RUNS`'s)."""
-    if key in STAGE1_RUNS:
-        return 2
-    for k, (prefix, *_rest) in enumerate(GROUPS[:2]):
-        if key.startswith(prefix):
-            return k
-    raise ValueError(f"curve key {key!r} is neither a table row (main/..., heterogeneous/...) nor a stage-1 run")
-
-
-def ordered_series(curves: Curves) -> List[Tuple[str, List[CurvePoint], Optional[str]]]:
-    """(key, points, twin) per run in group order; twin: the key of an earlier series trained in the very
-    same run folders at every budget (the benchmark's GenComm row is the main table's GenComm run), None
-    when it has its own runs."""
-    out, seen = [], {}
-    for key, series in sorted(curves.series().items(), key=lambda kv: (group_of(kv[0]), kv[0])):
-        runs = tuple((p.budget, p.run) for p in series)
-        twin = seen.get(runs) if all(r for _, r in runs) else None
-        out.append((key, series, twin))
-        seen.setdefault(runs, key)
-    return out
-
-
-def markdown(curves: Curves) -> str:
-    """CURVES.md: per run, AP@0.5 / AP@0.7 / collaborator-only recall / validation loss at each budget,
-    the convergence verdicts, in three sections (:data:`GROUPS`); then the rankings and the cost."""
-    budgets = sorted({p.budget for p in curves.points})
-    lines = ["# Learning curves", "", f"Budgets (multiples of the configs' epochs): {', '.join(map(str, budgets))}. "
-             f"A run has converged at the first budget whose validation detection loss is less than "
-             f"{CONVERGED_GAIN:.0%} below the previous budget's. Collab.-only: test vehicles only a collaborator "
-             f"sees that the run detects (IoU 0.5), of all such vehicles.", ""]
-    header = ["run", *[f"{b}x: AP@0.5 / AP@0.7 / collab.-only / val loss" for b in budgets], "converged at"]
-    by_group: Dict[int, List[List[str]]] = {}
-    for key, series, twin in ordered_series(curves):
-        by = {p.budget: p for p in series}
-        cells = ["-" if by.get(b) is None else _point_cell(by[b]) for b in budgets]
-        label = series[0].label if twin is None else f"{series[0].label} (the main table's run)"
-        by_group.setdefault(group_of(key), []).append([label, *cells, _verdict(curves, key, series)])
-    for g, rows in sorted(by_group.items()):
-        lines += [f"## {GROUPS[g][1]}", "", *markdown_table(header, rows), ""]
-    lines += ["## Ranking", "", "Main-table ranking by AP@0.5 (best first):", ""]
-    lines += markdown_table(["budget", "ranking"], [[f"{b}x", " > ".join(r)] for b, r in sorted(curves.rankings.items())])
-    settled = curves.ranking_settled_at
-    lines += ["", "The ranking " + (f"no longer changes from {settled}x on." if settled is not None else
-                                    "has not been measured at two budgets yet.")]
-    if curves.budgets:
-        lines += ["", "## Cost", "", "What each budget's job took. Training core-hours: every training's and "
-                  "onboarding's epochs, time x threads, over all the job's invocations. Wall: the job's last "
-                  "invocation only (simulation and evaluations included; a resumed job's earlier invocations "
-                  "are not in it).", ""]
-        walls = [None if b.get("total_wall_s") is None else b["total_wall_s"] / 3600.0 for b in curves.budgets]
-        spent = [b.get("train_core_hours") for b in curves.budgets]
-        cost = [[f"{b['budget']}x", str(b.get("commit") or "-"), _hours(w), _hours(c)]
-                for b, w, c in zip(curves.budgets, walls, spent)]
-        if len(cost) > 1:
-            cost.append(["all", "", "", _hours(sum(spent) if None not in spent else None)])
-        lines += markdown_table(["budget", "commit", "last invocation's wall (h)", "training core-hours"], cost)
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def _verdict(curves: Curves, key: str, series: Sequence[CurvePoint]) -> str:
-    if all(p.val_detection_loss is None for p in series):
-        return "- (trains nothing)"
-    verdict = curves.converged_at.get(key)
-    return "not yet" if verdict is None else f"{verdict}x"
-
-
-def _hours(hours: Optional[float]) -> str:
-    return "-" if hours is None else f"{hours:.2f}"
-
-
-def _point_cell(p: CurvePoint) -> str:
-    ap5, ap7 = p.ap.get("0.5"), p.ap.get("0.7")
-    collab = "-" if p.collaborator_only is None else f"{p.collaborator_only[0]}/{p.collaborator_only[1]}"
-    loss = "-" if p.val_detection_loss is None else f"{p.val_detection_loss:.3f}"
-    fmt = (lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}")
-    return f"{fmt(ap5)} / {fmt(ap7)} / {collab} / {loss}"
-
-
-def plot(curves: Curves, path: Path) -> Path:
-    """curves.png: AP@0.5, validation detection loss and collaborator-only recall against optimizer
-    steps (log2 axis), one line per run folder (a twin series is drawn once; rows that train nothing, as
-    late fusion of the stage-1 models, have no steps and are left to CURVES.md): a colour of its own per
-    line (GenComm's main-table run black and thick), the marker and line style of its group (:data:`GROUPS`:
-    main table o -, benchmark s --, stage 1 ^ :)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5.5))
-    series_of = curves.series()
-    for key, style in line_styles(curves).items():
-        pts = [p for p in series_of[key] if p.optimizer_steps]
-        x = [p.optimizer_steps for p in pts]
-        axes[0].plot(x, [p.ap.get("0.5") for p in pts], **style)
-        losses = [(s, p.val_detection_loss) for s, p in zip(x, pts) if p.val_detection_loss is not None]
-        if losses:
-            axes[1].plot(*zip(*losses), **style)
-        recall = [(s, p.collaborator_only[0] / p.collaborator_only[1]) for s, p in zip(x, pts) if p.collaborator_only]
-        if recall:
-            axes[2].plot(*zip(*recall), **style)
-    for ax, title in zip(axes, ("AP@0.5 (test)", "validation detection loss (selected epoch)",
-                                "recall@0.5 of collaborator-only objects")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("optimizer steps")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
-    fig.tight_layout(rect=(0, 0.05 + 0.03 * ((len(labels) + 3) // 4), 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def line_styles(curves: Curves) -> Dict[str, dict]:
-    """curves.png's lines: key -> matplotlib style (marker, ls, color, lw, label), in drawing order; the
-    keys drawn are those with optimizer steps and no twin (:func:`ordered_series`)."""
-    from matplotlib import colormaps
-    drawn = [(k, s) for k, s, twin in ordered_series(curves) if twin is None and any(p.optimizer_steps for p in s)]
-    palette = colormaps["tab20" if len(drawn) > 10 else "tab10"]
-    out = {}
-    for n, (key, series) in enumerate(drawn):
-        _, _, marker, line = GROUPS[group_of(key)]
-        colour = "black" if key == f"main/{GENCOMM}" else palette(n % palette.N)
-        out[key] = dict(marker=marker, ls=line, color=colour, lw=2.4 if GENCOMM in key else 1.3, label=series[0].label)
-    return out
-
-
-def write_report(curves: Curves, folder: Path) -> List[Path]:
-    """curves.json, CURVES.md and curves.png into ``folder``."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    out = folder / "curves.json"
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(curves.to_dict(), indent=2))
-    tmp.replace(out)
-    md = folder / "CURVES.md"
-    md.write_text(markdown(curves))
-    return [out, md, plot(curves, folder / "curves.png")]

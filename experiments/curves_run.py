@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from .curves import STAGE1_RUNS, collect, write_report
+from .curves import STAGE1_RUNS, collect
+from .curves_report import write_report
 
 log = logging.getLogger(__name__)
 PAIR = ("m1", "m3")

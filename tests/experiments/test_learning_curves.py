@@ -5,13 +5,15 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from experiments.curves import (CONVERGED_GAIN, analyse, best_val_loss, collect, converged_budget, line_styles,
-                                settled_budget, write_report)
+from experiments.curves import CONVERGED_GAIN, best_val_loss, collect, converged_budget, settled_budget
+from experiments.curves_report import line_styles, write_report
 from experiments.curves_run import budgets_upto, main
 from experiments.evaluation import Alliance, Evaluation
 from experiments.results import ResultRow, Results
+from opencood_ext.eval.records import FrameRecords
 
 
 def _eval(ap5, ap7, collab=None):
@@ -32,9 +34,22 @@ def _run(folder: Path, losses, steps=72):
     return str(folder)
 
 
-def _budget(out: Path, budget: int, figures: dict, stage1_collab=None):
+def _records(hits, scenes=10, frames=2):
+    """Per-frame records of one GT car per frame, detected exactly in the scenes ``hits`` and missed in the
+    others: every AP (both orders, every IoU) is the share of hit scenes among the scenes drawn."""
+    out = []
+    for s in range(scenes):
+        for f in range(frames):
+            gt = np.array([[5.0 * f, 3.0, 0.0, 4.0, 1.8, 1.5, 0.0]])
+            pred, score = (gt, np.array([0.9])) if s in hits else (np.zeros((0, 7)), np.zeros(0))
+            out.append((pred, score, gt, f"scene{s}", f"scene{s}/{f:06d}"))
+    return FrameRecords.from_detections(out)
+
+
+def _budget(out: Path, budget: int, figures: dict, stage1_collab=None, hits=None):
     """One budget's job folder: main rows {method_id: (ap5, ap7, collab, losses)} and a GenComm onboarding
-    row in the benchmark table, each with a run folder holding its train log."""
+    row in the benchmark table, each with a run folder holding its train log; hits: {method_id: the scenes
+    its per-frame records detect} for the rows that keep records."""
     folder = out / f"budget{budget}"
     rows = []
     for mid, (ap5, ap7, collab, losses) in figures.items():
@@ -53,6 +68,10 @@ def _budget(out: Path, budget: int, figures: dict, stage1_collab=None):
                           optimizer_steps=0))
     if "gencomm" in figures:  # the main table's GenComm row is the benchmark's GenComm onboarding
         rows[list(figures).index("gencomm")].run = onboard
+    for row in rows:
+        if row.method_id in (hits or {}):
+            row.eval.records = f"eval_{row.table}_{row.method_id}_frames.npz"
+            _records(hits[row.method_id]).save(Path(row.run) / row.eval.records)
     if stage1_collab is not None:  # the stage-1 run scored among its own type, as gencomm-infer writes it
         run = folder / "runs" / "gencomm_stage1_m1"
         _run(run, [0.9, 0.8])
@@ -81,7 +100,8 @@ def test_convergence_rule_and_ranking_settling():
 def test_points_from_budget_folders_and_the_report(tmp_path):
     # late fusion leads at 1x, intermediate fusion from 2x on; GenComm's loss keeps falling
     _budget(tmp_path, 1, {"late": (0.80, 0.40, (10, 100), [1.2, 1.0]), "intermediate": (0.78, 0.40, (5, 100), [1.3, 1.1]),
-                          "gencomm": (0.70, 0.30, (0, 100), [1.5, 1.4])}, stage1_collab=(0, 119))
+                          "gencomm": (0.70, 0.30, (0, 100), [1.5, 1.4])}, stage1_collab=(0, 119),
+            hits={"gencomm": range(6), "intermediate": range(10), "late": range(6)})
     _budget(tmp_path, 2, {"late": (0.81, 0.41, (11, 100), [0.99]), "intermediate": (0.83, 0.45, (20, 100), [0.9]),
                           "gencomm": (0.75, 0.35, (8, 100), [1.2])}, stage1_collab=(30, 119))
     _budget(tmp_path, 4, {"late": (0.81, 0.41, (11, 100), [0.985]), "intermediate": (0.84, 0.46, (21, 100), [0.89]),
@@ -120,10 +140,21 @@ def test_points_from_budget_folders_and_the_report(tmp_path):
     assert files[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # three sections; the benchmark's GenComm row is named as the main table's run, once per section
     sections = md.split("\n## ")
-    assert [t.split()[0] for t in sections[1:6]] == ["Main", "Onboarding", "Stage-1", "Ranking", "Cost"]
+    assert [t.split()[0] for t in sections[1:7]] == ["Main", "Onboarding", "Stage-1", "Differences", "Ranking", "Cost"]
     assert "| GenComm (m3) (the main table's run) | 0.550 / 0.250 / 3/10 / 1.000 |" in sections[2]
     assert "| gencomm | 0.700 / 0.300 / 0/100 / 1.000 |" in sections[1]
     assert "| Late fusion (stage-1 models) | " + "0.500 / 0.200 / 4/10 / - | " * 3 + "- (trains nothing) |" in sections[2]
+    # paired differences from GenComm, budget 1 only (the other budgets keep no records): intermediate fusion
+    # detects 4 more scenes of 10 (+0.4; a draw of 10 scenes misses all 4 with probability 0.6^10 < 2.5 %),
+    # late fusion the same ones (0 in every draw: not told apart)
+    assert series["main/intermediate"][0].minus_gencomm["0.5"][0] == pytest.approx(0.4)
+    assert series["main/intermediate"][0].minus_gencomm["0.7"][1] > 0
+    assert series["main/late"][0].minus_gencomm["0.5"] == [0.0, 0.0, 0.0]
+    assert series["main/gencomm"][0].minus_gencomm is None and series["main/late"][1].minus_gencomm is None
+    differences = md.split("## Differences from GenComm")[1].split("## ")[0]
+    assert "| intermediate | +0.400 [+0.100, +0.700]* / +0.400 [+0.100, +0.700]* | - | - |" in differences
+    assert "| late | +0.000 [+0.000, +0.000] / +0.000 [+0.000, +0.000] | - | - |" in differences
+    assert "GenComm (m3)" not in differences  # the twin of GenComm's own run
     # one line per run folder: no twin, nothing without steps, a colour each, GenComm's black
     styles = line_styles(curves)
     assert set(styles) == {"main/late", "main/intermediate", "main/gencomm", "gencomm_stage1_m1"}
