@@ -32,11 +32,13 @@ validation loss and collaborator-only recall against optimizer steps, one line p
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .method_ids import GENCOMM
+from .report_epochs import seed_runs
 from .results import Results
 
 CONVERGED_GAIN = 0.02   # under 2 % lower validation detection loss over the last doubling: converged
@@ -241,8 +243,9 @@ def collect(out: Path) -> Curves:
     for folder in sorted(done, key=_budget_of):
         b = _budget_of(folder)
         res = Results.load(folder / "results.json")
+        seed = (res.training_seeds or [0])[0]  # the curves' seed; more seeds may have joined (gencomm-curves seeds)
         budgets.append({"budget": b, "command": res.command, "commit": res.commit, "total_wall_s": res.total_wall_s,
-                        "train_core_hours": round(train_core_hours(folder / "runs"), 3)})
+                        "train_core_hours": round(train_core_hours(seed_runs(folder / "runs", seed)), 3)})
         points += points_of_budget(folder, b)
     if not points:
         raise FileNotFoundError(f"{out}: no budget<K>/results.json (run `learning_curves.py run` first)")
@@ -250,12 +253,15 @@ def collect(out: Path) -> Curves:
 
 
 def train_core_hours(runs: Path) -> float:
-    """Core-hours of every training and onboarding under ``runs`` (any depth): each epoch record's
-    ``time_s`` (its training and validation) times its ``threads`` (1 where a record predates them).
+    """Core-hours of every training and onboarding under ``runs`` (any depth, but not another training seed's
+    ``runs/seed<s>``): each epoch record's ``time_s`` (its training and validation) times its ``threads``
+    (1 where a record predates them).
     Evaluations are not in it; a budget's ``total_wall_s`` is its job's last invocation's wall time."""
     from opencood_ext.run_folder import RunFolder
     total = 0.0
     for log in sorted(Path(runs).rglob(RunFolder(runs).train_log.name)):  # every run folder's train log
+        if re.fullmatch(r"seed\d+", log.relative_to(runs).parts[0]):
+            continue  # another training seed's runs
         total += sum(float(r.get("time_s", 0.0)) * int(r.get("threads") or 1) for r in epoch_records(log.parent))
     return total / 3600.0
 

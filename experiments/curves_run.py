@@ -3,6 +3,8 @@
 
     python tools/learning_curves.py run --out OUT [--data DATA] [--seed S] [--budgets 1,2,4] [--max_budget 32]
                                         [--profile default|quick]
+    python tools/learning_curves.py seeds --out OUT --budget K [--seeds 0,1,2] [--fair DEST] [--data DATA]
+                                          [--profile default|quick|...]
     python tools/learning_curves.py report OUT [-o FOLDER]
 """
 from __future__ import annotations
@@ -82,14 +84,51 @@ def run_curves(out: Path, data: Path, seed: int = 0, budgets: Sequence[int] = (1
     return report
 
 
-def _budget_list(text: str) -> List[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"--budgets must be positive whole numbers, e.g. 1,2,4; got {text!r}")
-    return values
+def run_seeds(out: Path, data: Path, budget: int, seeds: Sequence[int], profile_name: str = "default",
+              fair: Optional[Path] = None, command: str = "gencomm-curves seeds") -> Path:
+    """The fair benchmark at one budget of the curves (issue 49 item 6): the main job of ``OUT/budget<K>``
+    again with training seeds ``seeds``, the curves' own seed first, so its runs are found done and only
+    the other seeds train (into ``runs/seed<s>``), each leaving a seed archive in ``OUT/budget<K>/seeds``;
+    with ``fair``, those archives combined by :func:`experiments.fair.write_fair_benchmark` into that folder.
+    results.json keeps the first seed's rows, so the curves' points do not change. -> the report written
+    last (``fair``'s REPORT.md, else the budget's)."""
+    from .reproduce import reproduce
+    from .results import Results
+    out, data = Path(out).resolve(), Path(data).resolve()
+    folder = out / f"budget{budget}"
+    if not (folder / "results.json").is_file():
+        raise FileNotFoundError(f"{folder}: no results.json; run the curves to budget {budget} first "
+                                f"(gencomm-curves run --budgets {budget})")
+    curve_seed = (Results.load(folder / "results.json").training_seeds or [0])[0]
+    seeds = list(dict.fromkeys(seeds))
+    if not seeds or seeds[0] != curve_seed:
+        raise ValueError(f"--seeds must begin with the curves' own training seed {curve_seed} (their runs are "
+                         f"reused and their results.json rows kept), got {','.join(map(str, seeds)) or 'none'}")
+    log.info("learning curves: seeds %s at budget %dx in %s", seeds, budget, folder)
+    report = reproduce(folder, data, profile_name, seeds=seeds, robustness=False, benchmark_types=list(PAIR),
+                       command=command, budget=budget)
+    if fair is None:
+        return report
+    from .fair import write_fair_benchmark
+    Path(fair).mkdir(parents=True, exist_ok=True)
+    return write_fair_benchmark([folder / "seeds" / f"seed{s}" for s in seeds], Path(fair))
+
+
+def _budget_list_of(option: str, minimum: int = 1):
+    """An argparse type: comma-separated whole numbers >= ``minimum`` (``option`` names them in the error)."""
+    def parse(text: str) -> List[int]:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            values = []
+        if not values or min(values) < minimum:
+            kind = "positive whole numbers, e.g. 1,2,4" if minimum == 1 else f"whole numbers >= {minimum}, e.g. 0,1,2"
+            raise argparse.ArgumentTypeError(f"{option} must be {kind}; got {text!r}")
+        return values
+    return parse
+
+
+_budget_list = _budget_list_of("--budgets")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -108,6 +147,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     g = r.add_mutually_exclusive_group()
     g.add_argument("--max_budget", type=int, default=32, help="double up to this budget (default 32)")
     g.add_argument("--budgets", type=_budget_list, default=None, help="exactly these budgets, e.g. 1,2,4")
+    f = sub.add_parser("seeds", help="more training seeds at one budget (the converged one), and their fair "
+                                      "benchmark")
+    f.add_argument("--out", type=Path, required=True, help="the curves' folder (holding budget<K>/)")
+    f.add_argument("--budget", type=int, required=True, metavar="K", help="the budget to add seeds at")
+    f.add_argument("--seeds", type=_budget_list_of("--seeds", minimum=0), default=[0, 1, 2],
+                   help="training seeds, the curves' own first (default 0,1,2)")
+    f.add_argument("--data", type=Path, default=None, help="default data/sim (data/sim_<profile> otherwise)")
+    f.add_argument("--profile", choices=list(PROFILES), default="default", help="the curves' profile")
+    f.add_argument("--fair", type=Path, default=None, metavar="DEST",
+                   help="also combine the seeds' archives into a fair benchmark there (tools/fair_benchmark.py)")
     s = sub.add_parser("report", help="curves.json, CURVES.md and curves.png from OUT/budget<K>/")
     s.add_argument("out", type=Path)
     s.add_argument("-o", "--to", type=Path, default=None, help="write them here (default: OUT)")
@@ -120,6 +169,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             budgets = args.budgets or budgets_upto(args.max_budget)
             report = run_curves(args.out, data, args.seed, budgets, args.profile,
                                 command=shlex.join(["gencomm-curves", *words]))
+        elif args.cmd == "seeds":
+            report = run_seeds(args.out, args.data or default_data_dir(args.profile), args.budget, args.seeds,
+                               args.profile, args.fair, command=shlex.join(["gencomm-curves", *words]))
         else:
             report = [f for f in write_report(collect(args.out), args.to or args.out) if f.suffix == ".md"][0]
     except (ValueError, FileNotFoundError, StepError, ResultsError) as exc:

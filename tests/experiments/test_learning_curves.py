@@ -5,7 +5,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from experiments.curves import CONVERGED_GAIN, best_val_loss, collect, converged_budget, settled_budget
@@ -13,7 +12,7 @@ from experiments.curves_report import line_styles, write_report
 from experiments.curves_run import budgets_upto, main
 from experiments.evaluation import Alliance, Evaluation
 from experiments.results import ResultRow, Results
-from opencood_ext.eval.records import FrameRecords
+from scene_records import hit_records
 
 
 def _eval(ap5, ap7, collab=None):
@@ -32,18 +31,6 @@ def _run(folder: Path, losses, steps=72):
               for k, v in enumerate(losses)]
     (folder / "train_log.jsonl").write_text("\n".join(lines) + "\n")
     return str(folder)
-
-
-def _records(hits, scenes=10, frames=2):
-    """Per-frame records of one GT car per frame, detected exactly in the scenes ``hits`` and missed in the
-    others: every AP (both orders, every IoU) is the share of hit scenes among the scenes drawn."""
-    out = []
-    for s in range(scenes):
-        for f in range(frames):
-            gt = np.array([[5.0 * f, 3.0, 0.0, 4.0, 1.8, 1.5, 0.0]])
-            pred, score = (gt, np.array([0.9])) if s in hits else (np.zeros((0, 7)), np.zeros(0))
-            out.append((pred, score, gt, f"scene{s}", f"scene{s}/{f:06d}"))
-    return FrameRecords.from_detections(out)
 
 
 def _budget(out: Path, budget: int, figures: dict, stage1_collab=None, hits=None):
@@ -71,7 +58,7 @@ def _budget(out: Path, budget: int, figures: dict, stage1_collab=None, hits=None
     for row in rows:
         if row.method_id in (hits or {}):
             row.eval.records = f"eval_{row.table}_{row.method_id}_frames.npz"
-            _records(hits[row.method_id]).save(Path(row.run) / row.eval.records)
+            hit_records(hits[row.method_id]).save(Path(row.run) / row.eval.records)
     if stage1_collab is not None:  # the stage-1 run scored among its own type, as gencomm-infer writes it
         run = folder / "runs" / "gencomm_stage1_m1"
         _run(run, [0.9, 0.8])
@@ -202,3 +189,44 @@ def test_budget_scales_every_training_and_onboarding(tmp_path):
     (tmp_path / "sim" / "base.yaml").write_text("train: {lr: 0.1}\n")
     with pytest.raises(ValueError, match=r"base.yaml: field 'train.epochs'"):
         scale_budget(dataclasses.replace(default, overrides=[]), 2, tmp_path)  # epochs from base.yaml
+
+
+def test_seeds_at_one_budget_reuse_the_curves_seed_and_feed_the_fair_benchmark(tmp_path, monkeypatch, capsys):
+    import experiments.fair
+    import experiments.reproduce
+    calls = []
+
+    def fake_reproduce(folder, data, profile_name, **kw):
+        calls.append((folder, data, profile_name, kw))
+        return folder / "REPORT.md"
+
+    def fake_fair(folders, dest):
+        calls.append(("fair", list(folders), dest))
+        return dest / "REPORT.md"
+
+    monkeypatch.setattr(experiments.reproduce, "reproduce", fake_reproduce)
+    monkeypatch.setattr(experiments.fair, "write_fair_benchmark", fake_fair)
+    (tmp_path / "fair").mkdir()
+    (tmp_path / "fair" / "REPORT.md").write_text("fair report\n")
+    out = tmp_path / "curves"
+    assert main(["seeds", "--out", str(out), "--budget", "2"]) == 2
+    assert "budget2: no results.json; run the curves to budget 2 first" in capsys.readouterr().err
+    _budget(out, 2, {"late": (0.8, 0.4, None, [1.0])})
+    assert main(["seeds", "--out", str(out), "--budget", "2", "--seeds", "1,2"]) == 2
+    assert "--seeds must begin with the curves' own training seed 0" in capsys.readouterr().err
+    assert not calls
+    with pytest.raises(SystemExit):
+        main(["seeds", "--out", str(out), "--budget", "2", "--seeds", "0,-1"])
+    assert "--seeds must be whole numbers >= 0" in capsys.readouterr().err
+    assert main(["seeds", "--out", str(out), "--budget", "2", "--data", str(tmp_path / "d"), "--profile", "full",
+                 "--fair", str(tmp_path / "fair")]) == 0
+    (folder, data, profile, kw), fair = calls
+    assert folder == (out / "budget2").resolve() and data == (tmp_path / "d").resolve() and profile == "full"
+    assert kw["seeds"] == [0, 1, 2] and kw["budget"] == 2 and kw["robustness"] is False
+    assert kw["benchmark_types"] == ["m1", "m3"] and kw["command"].startswith("gencomm-curves seeds --out")
+    assert fair == ("fair", [folder / "seeds" / f"seed{s}" for s in (0, 1, 2)], tmp_path / "fair")
+    assert "fair report" in capsys.readouterr().out
+    # the other seeds' runs (runs/seed1/...) are not the curves' cost
+    before = collect(out).budgets[0]["train_core_hours"]
+    _run(out / "budget2" / "runs" / "seed1" / "late", [1.0, 0.9])
+    assert collect(out).budgets[0]["train_core_hours"] == before > 0

@@ -15,20 +15,13 @@ from experiments.results import ResultRow
 from experiments.seeds import main, seed_section, spread_json
 from opencood_ext.eval.bootstrap import paired_difference, pooled_paired_difference
 from opencood_ext.eval.records import FrameRecords
+from scene_records import hit_records
 
 SCENES, FRAMES = 10, 2
 
 
 def _records(hits):
-    """One GT car per frame; a hit scene detects it exactly in every frame, a miss scene detects nothing:
-    AP (both orders, every IoU) = hit scenes drawn / scenes drawn."""
-    out = []
-    for s in range(SCENES):
-        for f in range(FRAMES):
-            gt = np.array([[5.0 * f, 3.0, 0.0, 4.0, 1.8, 1.5, 0.0]])
-            pred, score = (gt, np.array([0.9])) if s in hits else (np.zeros((0, 7)), np.zeros(0))
-            out.append((pred, score, gt, f"scene{s}", f"scene{s}/{f:06d}"))
-    return FrameRecords.from_detections(out)
+    return hit_records(hits, SCENES, FRAMES)
 
 
 def test_pooled_difference_closed_form():
