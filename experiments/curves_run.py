@@ -5,6 +5,7 @@
                                         [--profile default|quick]
     python tools/learning_curves.py seeds --out OUT --budget K [--seeds 0,1,2] [--fair DEST] [--data DATA]
                                           [--profile default|quick|...]
+    python tools/learning_curves.py status OUT [--budgets 2,4] [--profile ...]
     python tools/learning_curves.py report OUT [-o FOLDER]
 """
 from __future__ import annotations
@@ -157,6 +158,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     f.add_argument("--profile", choices=list(PROFILES), default="default", help="the curves' profile")
     f.add_argument("--fair", type=Path, default=None, metavar="DEST",
                    help="also combine the seeds' archives into a fair benchmark there (tools/fair_benchmark.py)")
+    t = sub.add_parser("status", help="per budget: each training and onboarding's epochs done and core-hours left")
+    t.add_argument("out", type=Path)
+    t.add_argument("--budgets", type=_budget_list, default=None, help="these budgets (default: every budget<K>/)")
+    t.add_argument("--profile", choices=list(PROFILES), default="default", help="the curves' profile")
     s = sub.add_parser("report", help="curves.json, CURVES.md and curves.png from OUT/budget<K>/")
     s.add_argument("out", type=Path)
     s.add_argument("-o", "--to", type=Path, default=None, help="write them here (default: OUT)")
@@ -172,6 +177,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.cmd == "seeds":
             report = run_seeds(args.out, args.data or default_data_dir(args.profile), args.budget, args.seeds,
                                args.profile, args.fair, command=shlex.join(["gencomm-curves", *words]))
+        elif args.cmd == "status":
+            from .curves_status import status_markdown
+            budgets = args.budgets or sorted(int(f.name[len("budget"):]) for f in Path(args.out).glob("budget*")
+                                             if f.name[len("budget"):].isdigit())
+            if not budgets:
+                raise FileNotFoundError(f"{args.out}: no budget<K>/ folder (run `learning_curves.py run` first)")
+            print(status_markdown(args.out, budgets, args.profile), end="")
+            return 0
         else:
             report = [f for f in write_report(collect(args.out), args.to or args.out) if f.suffix == ".md"][0]
     except (ValueError, FileNotFoundError, StepError, ResultsError) as exc:

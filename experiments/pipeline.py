@@ -20,7 +20,7 @@ from .evaluation import Evaluation
 from .lanes import LanePlan, enter_lane, train_side_by_side
 from .method_ids import GENCOMM, GENCOMM_EGOTARGET
 from .profiles import (BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE2, STAGE2_EGOTARGET, TEST_SEED_OFFSET,
-                       MAIN_ONBOARDING, Profile, trained_types)
+                       EGOTARGET_ONBOARDING, MAIN_ONBOARDING, Profile, trained_types)
 from .results import ResultRow, StepTime
 from .run_facts import run_facts
 from .steps import Command, call, sets
@@ -244,7 +244,7 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
     rows.append(row)
     if profile.variant_rows:
         rows.append(onboard_m3_row(GENCOMM_EGOTARGET, "GenComm, ego-encoder target (beyond the paper)", STAGE2_EGOTARGET,
-                                   "GenComm, ego-encoder target", runs / "onboard_gencomm_egotarget_m3", stage1, data,
+                                   "GenComm, ego-encoder target", runs / EGOTARGET_ONBOARDING, stage1, data,
                                    profile, evaluation, steps, configs,
                                    note + "; its message extractor also trained to regenerate the sender's scan as m1's "
                                    "encoder reads it")[0])

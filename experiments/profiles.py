@@ -153,3 +153,4 @@ def onboarding_folder(method: str, types: Sequence[str], own_stage1: bool = Fals
 
 # the main table's GenComm onboarding of m3 into m1's alliance (and, on the LiDAR pair, the benchmark's)
 MAIN_ONBOARDING = onboarding_folder("gencomm", ("m1", "m3"))
+EGOTARGET_ONBOARDING = onboarding_folder("gencomm_egotarget", ("m1", "m3"))  # the variant row's (profile.variant_rows)

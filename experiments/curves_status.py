@@ -1,0 +1,124 @@
+"""Where the learning curves stand while they run: ``gencomm-curves status OUT``.
+
+A budget's job takes many hours on a CPU and is resumed across sessions, so before each resumption one
+wants to know, per budget, which of its trainings and onboardings are finished, how many epochs each has
+left, and about how many core-hours that is. The runs a budget's job trains are the main job's on the LiDAR
+pair (:func:`run_folders`). A run's epochs to do are its run folder's ``config.yaml`` ``train.epochs``, or,
+before it started, the same run's at another budget scaled to this one. Its seconds per epoch are the mean
+``time_s x threads`` of its own epoch records, else of the same run at another budget (an epoch costs the same
+at every budget: the budget scales the epochs, not the epoch). Evaluations are not counted; they take about an
+hour per budget here, whatever the budget.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import yaml
+
+from .curves import epoch_records
+from .tables import table as markdown_table
+
+
+@dataclass
+class RunStatus:
+    """One run of one budget. epochs_total: None when neither this run nor the same run at another budget
+    has a config yet; core_seconds_per_epoch: None without any epoch record of it at any budget."""
+
+    name: str
+    kind: str  # "training" or "onboarding"
+    epochs_done: int
+    epochs_total: Optional[int]
+    core_seconds_per_epoch: Optional[float]
+
+    @property
+    def finished(self) -> bool:
+        return self.epochs_total is not None and self.epochs_done >= self.epochs_total
+
+    @property
+    def core_hours_left(self) -> Optional[float]:
+        if self.finished:
+            return 0.0
+        if self.epochs_total is None or self.core_seconds_per_epoch is None:
+            return None
+        return (self.epochs_total - self.epochs_done) * self.core_seconds_per_epoch / 3600.0
+
+
+def run_folders(profile_name: str, pair: Sequence[str] = ("m1", "m3")) -> Dict[str, str]:
+    """Run folder name -> "training" / "onboarding" for every run a curves budget's job trains: the main
+    table's baselines and GenComm stage 1, the competitors' full-feature stage 1, GenComm's m3 onboarding
+    (the benchmark's too), the variant row's where the profile has it, and each benchmark method's."""
+    from .bench.job_cost import job_plan
+    from .benchmark import METHODS
+    from .profiles import EGOTARGET_ONBOARDING, MAIN_ONBOARDING, PROFILES, onboarding_folder, starts_from_own_stage1
+    profile = dataclasses.replace(PROFILES[profile_name], benchmark=True, benchmark_types=tuple(pair))
+    plan = job_plan(profile, robustness=False)
+    out = {name: "training" for name, _ in plan.trainings}
+    out[MAIN_ONBOARDING] = "onboarding"
+    if profile.variant_rows:
+        out[EGOTARGET_ONBOARDING] = "onboarding"
+    own = profile.competitor_stage1 == "own"
+    for _, m in METHODS:
+        out[onboarding_folder(m, pair, starts_from_own_stage1(m, own))] = "onboarding"
+    return out
+
+
+def _config_epochs(run: Path) -> Optional[int]:
+    path = run / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        return int(((yaml.safe_load(path.read_text()) or {}).get("train") or {})["epochs"])
+    except (yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: field 'train.epochs' unreadable ({exc})") from None
+
+
+def _core_seconds_per_epoch(run: Path) -> Optional[float]:
+    records = [r for r in epoch_records(run) if r.get("time_s") is not None]
+    if not records:
+        return None
+    return sum(float(r["time_s"]) * int(r.get("threads") or 1) for r in records) / len(records)
+
+
+def budget_status(out: Path, budget: int, profile_name: str) -> List[RunStatus]:
+    """Every run of ``OUT/budget<budget>`` (:func:`run_folders`), with what other budgets' folders under
+    ``OUT`` tell about the runs not started yet."""
+    out = Path(out)
+    others = sorted((int(f.name[len("budget"):]), f) for f in out.glob("budget*")
+                    if f.name[len("budget"):].isdigit() and int(f.name[len("budget"):]) != budget)
+    rows = []
+    for name, kind in run_folders(profile_name).items():
+        run = out / f"budget{budget}" / "runs" / name
+        total, per_epoch = _config_epochs(run), _core_seconds_per_epoch(run)
+        for b, folder in others:
+            if total is None and _config_epochs(folder / "runs" / name) is not None:
+                total = _config_epochs(folder / "runs" / name) * budget // b
+            if per_epoch is None:
+                per_epoch = _core_seconds_per_epoch(folder / "runs" / name)
+        rows.append(RunStatus(name, kind, len(epoch_records(run)), total, per_epoch))
+    return rows
+
+
+def status_markdown(out: Path, budgets: Sequence[int], profile_name: str) -> str:
+    """One table per budget (run, epochs done of total, core-minutes per epoch, core-hours left) and each
+    budget's total left."""
+    lines = [f"# Learning curves in {out}: trainings and onboardings", "",
+             "Core-hours left: remaining epochs x measured core-seconds per epoch (this run's own epochs, else the "
+             "same run's at another budget); evaluations not included.", ""]
+    for b in budgets:
+        rows = budget_status(out, b, profile_name)
+        left = [r.core_hours_left for r in rows]
+        known = sum(v for v in left if v is not None)
+        unknown = sum(1 for v in left if v is None)
+        done = sum(r.finished for r in rows)
+        lines += [f"## Budget {b}x: {done} of {len(rows)} runs finished, about {known:.1f} core-hours left"
+                  + (f" (+ {unknown} runs not yet measured)" if unknown else ""), ""]
+        lines += markdown_table(["run", "kind", "epochs", "core-min / epoch", "core-hours left"], [
+            [r.name, r.kind, f"{r.epochs_done}/{'?' if r.epochs_total is None else r.epochs_total}",
+             "-" if r.core_seconds_per_epoch is None else f"{r.core_seconds_per_epoch / 60:.1f}",
+             "done" if r.finished else ("?" if r.core_hours_left is None else f"{r.core_hours_left:.2f}")]
+            for r in rows])
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
