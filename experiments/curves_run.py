@@ -2,7 +2,7 @@
 (:mod:`experiments.curves` says what they are).
 
     python tools/learning_curves.py run --out OUT [--data DATA] [--seed S] [--budgets 1,2,4] [--max_budget 32]
-                                        [--profile default|quick]
+                                        [--profile default|quick] [--keep_feature_cache]
     python tools/learning_curves.py seeds --out OUT --budget K [--seeds 0,1,2] [--fair DEST] [--data DATA]
                                           [--profile default|quick|...]
     python tools/learning_curves.py status OUT [--budgets 2,4] [--profile ...]
@@ -62,10 +62,26 @@ def score_stage1(folder: Path, data: Path, profile_name: str, seed: int, budget:
     return scored
 
 
+def drop_feature_cache(folder: Path) -> int:
+    """Remove a finished budget's feature cache (``<folder>/cache/features``); -> the bytes freed. It only
+    saves time while the budget runs: each budget has its own stage-1 weights, so no other budget reads it,
+    and the budget's evaluations are reused through their stamps, not the cache. About 22 GB at budget 1 of
+    the full profile, so budgets that kept theirs would fill a disk."""
+    import shutil
+    cache = Path(folder) / "cache" / "features"
+    if not cache.is_dir():
+        return 0
+    size = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+    shutil.rmtree(cache)
+    log.info("learning curves: removed %s (%.1f GB; --keep_feature_cache keeps it)", cache, size / 1e9)
+    return size
+
+
 def run_curves(out: Path, data: Path, seed: int = 0, budgets: Sequence[int] = (1, 2, 4, 8, 16, 32),
-               profile_name: str = "default", command: str = "gencomm-curves") -> Path:
+               profile_name: str = "default", command: str = "gencomm-curves", keep_feature_cache: bool = False) -> Path:
     """The main job on the LiDAR pair at each budget (module docstring of :mod:`experiments.curves`),
-    stopping after the first budget at which every trained run has converged; -> OUT/CURVES.md."""
+    stopping after the first budget at which every trained run has converged; each finished budget's
+    feature cache is removed (:func:`drop_feature_cache`) unless ``keep_feature_cache``; -> OUT/CURVES.md."""
     from .reproduce import reproduce
     out, data = Path(out).resolve(), Path(data).resolve()
     report = out / "CURVES.md"
@@ -75,6 +91,8 @@ def run_curves(out: Path, data: Path, seed: int = 0, budgets: Sequence[int] = (1
         reproduce(folder, data, profile_name, seeds=[seed], robustness=False, benchmark_types=list(PAIR),
                   command=f"{command} (budget {b})", budget=b)
         score_stage1(folder, data, profile_name, seed, b)
+        if not keep_feature_cache:
+            drop_feature_cache(folder)
         curves = collect(out)
         write_report(curves, out)
         trained = {k: v for k, v in curves.converged_at.items()
@@ -91,6 +109,7 @@ def run_seeds(out: Path, data: Path, budget: int, seeds: Sequence[int], profile_
     again with training seeds ``seeds``, the curves' own seed first, so its runs are found done and only
     the other seeds train (into ``runs/seed<s>``), each leaving a seed archive in ``OUT/budget<K>/seeds``;
     with ``fair``, those archives combined by :func:`experiments.fair.write_fair_benchmark` into that folder.
+    The budget's feature cache is removed afterwards, as :func:`run_curves` does.
     results.json keeps the first seed's rows, so the curves' points do not change. -> the report written
     last (``fair``'s REPORT.md, else the budget's)."""
     from .reproduce import reproduce
@@ -108,6 +127,7 @@ def run_seeds(out: Path, data: Path, budget: int, seeds: Sequence[int], profile_
     log.info("learning curves: seeds %s at budget %dx in %s", seeds, budget, folder)
     report = reproduce(folder, data, profile_name, seeds=seeds, robustness=False, benchmark_types=list(PAIR),
                        command=command, budget=budget)
+    drop_feature_cache(folder)
     if fair is None:
         return report
     from .fair import write_fair_benchmark
@@ -145,6 +165,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     r.add_argument("--data", type=Path, default=None, help="default data/sim (data/sim_<profile> otherwise)")
     r.add_argument("--seed", type=int, default=0, help="the training seed")
     r.add_argument("--profile", choices=list(PROFILES), default="default")
+    r.add_argument("--keep_feature_cache", action="store_true",
+                   help="keep each finished budget's feature cache (about 22 GB a budget with --profile full; "
+                        "default: removed once the budget is scored)")
     g = r.add_mutually_exclusive_group()
     g.add_argument("--max_budget", type=int, default=32, help="double up to this budget (default 32)")
     g.add_argument("--budgets", type=_budget_list, default=None, help="exactly these budgets, e.g. 1,2,4")
@@ -173,7 +196,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             data = args.data or default_data_dir(args.profile)
             budgets = args.budgets or budgets_upto(args.max_budget)
             report = run_curves(args.out, data, args.seed, budgets, args.profile,
-                                command=shlex.join(["gencomm-curves", *words]))
+                                command=shlex.join(["gencomm-curves", *words]),
+                                keep_feature_cache=args.keep_feature_cache)
         elif args.cmd == "seeds":
             report = run_seeds(args.out, args.data or default_data_dir(args.profile), args.budget, args.seeds,
                                args.profile, args.fair, command=shlex.join(["gencomm-curves", *words]))

@@ -198,6 +198,7 @@ def test_seeds_at_one_budget_reuse_the_curves_seed_and_feed_the_fair_benchmark(t
 
     def fake_reproduce(folder, data, profile_name, **kw):
         calls.append((folder, data, profile_name, kw))
+        (folder / "cache" / "features" / "abc").mkdir(parents=True)  # what the seeds' onboardings kept
         return folder / "REPORT.md"
 
     def fake_fair(folders, dest):
@@ -225,8 +226,30 @@ def test_seeds_at_one_budget_reuse_the_curves_seed_and_feed_the_fair_benchmark(t
     assert kw["seeds"] == [0, 1, 2] and kw["budget"] == 2 and kw["robustness"] is False
     assert kw["benchmark_types"] == ["m1", "m3"] and kw["command"].startswith("gencomm-curves seeds --out")
     assert fair == ("fair", [folder / "seeds" / f"seed{s}" for s in (0, 1, 2)], tmp_path / "fair")
+    assert not (folder / "cache" / "features").exists()
     assert "fair report" in capsys.readouterr().out
     # the other seeds' runs (runs/seed1/...) are not the curves' cost
     before = collect(out).budgets[0]["train_core_hours"]
     _run(out / "budget2" / "runs" / "seed1" / "late", [1.0, 0.9])
     assert collect(out).budgets[0]["train_core_hours"] == before > 0
+
+
+def test_run_drops_each_finished_budgets_feature_cache(tmp_path, monkeypatch):
+    import experiments.curves_run
+    import experiments.reproduce
+    out = tmp_path / "curves"
+
+    def fake_reproduce(folder, data, profile_name, budget, **kw):  # the job: its results and a filled cache
+        _budget(out, budget, {"late": (0.8, 0.4, None, [1.0 / budget])})
+        (folder / "cache" / "features" / "abc").mkdir(parents=True)
+        (folder / "cache" / "features" / "abc" / "x.pt").write_bytes(b"0" * 1000)
+        return folder / "REPORT.md"
+
+    monkeypatch.setattr(experiments.reproduce, "reproduce", fake_reproduce)
+    monkeypatch.setattr(experiments.curves_run, "score_stage1", lambda *a, **k: [])
+    assert main(["run", "--out", str(out), "--budgets", "1", "--data", str(tmp_path / "d")]) == 0
+    assert not (out / "budget1" / "cache" / "features").exists() and (out / "CURVES.md").is_file()
+    assert main(["run", "--out", str(out), "--budgets", "2", "--data", str(tmp_path / "d"), "--keep_feature_cache"]) == 0
+    assert (out / "budget2" / "cache" / "features" / "abc" / "x.pt").is_file()
+    assert experiments.curves_run.drop_feature_cache(out / "budget2") == 1000
+    assert experiments.curves_run.drop_feature_cache(out / "budget2") == 0  # nothing left to remove
