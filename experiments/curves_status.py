@@ -101,9 +101,13 @@ def budget_status(out: Path, budget: int, profile_name: str) -> List[RunStatus]:
     return rows
 
 
+def _gigabytes(folder: Path) -> float:
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file()) / 1e9 if Path(folder).is_dir() else 0.0
+
+
 def status_markdown(out: Path, budgets: Sequence[int], profile_name: str) -> str:
-    """One table per budget (run, epochs done of total, core-minutes per epoch, core-hours left) and each
-    budget's total left."""
+    """One table per budget (run, epochs done of total, core-minutes per epoch, core-hours left), each
+    budget's total left and what its folder holds on disk."""
     lines = [f"# Learning curves in {out}: trainings and onboardings", "",
              "Core-hours left: remaining epochs x measured core-seconds per epoch (this run's own epochs, else the "
              "same run's at another budget); evaluations not included.", ""]
@@ -113,8 +117,11 @@ def status_markdown(out: Path, budgets: Sequence[int], profile_name: str) -> str
         known = sum(v for v in left if v is not None)
         unknown = sum(1 for v in left if v is None)
         done = sum(r.finished for r in rows)
+        folder = Path(out) / f"budget{b}"
         lines += [f"## Budget {b}x: {done} of {len(rows)} runs finished, about {known:.1f} core-hours left"
-                  + (f" (+ {unknown} runs not yet measured)" if unknown else ""), ""]
+                  + (f" (+ {unknown} runs not yet measured)" if unknown else ""), "",
+                  f"On disk: run folders {_gigabytes(folder / 'runs'):.1f} GB, feature cache "
+                  f"{_gigabytes(folder / 'cache'):.1f} GB (removed once the budget is scored).", ""]
         lines += markdown_table(["run", "kind", "epochs", "core-min / epoch", "core-hours left"], [
             [r.name, r.kind, f"{r.epochs_done}/{'?' if r.epochs_total is None else r.epochs_total}",
              "-" if r.core_seconds_per_epoch is None else f"{r.core_seconds_per_epoch / 60:.1f}",

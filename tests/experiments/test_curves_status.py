@@ -48,10 +48,14 @@ def test_status_counts_epochs_and_core_hours_left(tmp_path, capsys):
     assert unknown.epochs_total is None and unknown.core_hours_left is None and not unknown.finished
     one = {r.name: r for r in budget_status(out, 1, "full")}
     assert one["m1_none"].finished and one["m1_none"].core_hours_left == 0.0
+    (out / "budget2" / "cache" / "features").mkdir(parents=True)
+    with open(out / "budget2" / "cache" / "features" / "x.pt", "wb") as fh:
+        fh.truncate(300_000_000)  # a sparse file: its size without the disk
     assert main(["status", str(out), "--profile", "full"]) == 0
     text = capsys.readouterr().out
     assert "## Budget 1x: 1 of 15 runs finished" in text
     assert f"## Budget 2x: 0 of 15 runs finished, about {12 * 90 / 3600 + 16 * 240 / 3600:.1f} core-hours left (+ " in text
+    assert "On disk: run folders 0.0 GB, feature cache 0.3 GB" in text
     assert "| m1_none | training | 4/16 | 1.5 | 0.30 |" in text and "| gencomm_stage1_m1 | training | 0/16 | 4.0 | 1.07 |" in text
     (out / "budget2" / "runs" / "m1_none" / "config.yaml").write_text("train: [8]\n")
     assert main(["status", str(out), "--budgets", "2", "--profile", "full"]) == 2
