@@ -66,7 +66,8 @@ def run_folders(profile_name: str, pair: Sequence[str] = ("m1", "m3")) -> Dict[s
 
 
 def _config_epochs(run: Path) -> Optional[int]:
-    path = run / "config.yaml"
+    from opencood_ext.run_folder import RunFolder
+    path = RunFolder(run).config
     if not path.is_file():
         return None
     try:
