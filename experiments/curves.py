@@ -262,8 +262,25 @@ def train_core_hours(runs: Path) -> float:
     for log in sorted(Path(runs).rglob(RunFolder(runs).train_log.name)):  # every run folder's train log
         if re.fullmatch(r"seed\d+", log.relative_to(runs).parts[0]):
             continue  # another training seed's runs
-        total += sum(float(r.get("time_s", 0.0)) * int(r.get("threads") or 1) for r in epoch_records(log.parent))
+        total += sum(core_seconds(r) for r in epoch_records(log.parent))
     return total / 3600.0
+
+
+def core_seconds(record: dict) -> float:
+    """One epoch record's cost: its ``time_s`` (training and validation) times its ``threads`` (1 where a
+    record predates them)."""
+    return float(record.get("time_s", 0.0)) * int(record.get("threads") or 1)
+
+
+def budget_folders(out: Path) -> List[Tuple[int, Path]]:
+    """(K, ``OUT/budget<K>``) for every budget folder under ``out``, K ascending; other names are left out."""
+    found = [(f.name[len("budget"):], f) for f in Path(out).glob("budget*") if f.is_dir()]
+    return sorted((int(k), f) for k, f in found if k.isdigit())
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of every file under ``folder`` (0 when it is missing)."""
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
 
 
 def _budget_of(folder: Path) -> int:

@@ -6,10 +6,11 @@ ranking, cost), ``curves.png`` and ``curves.json``.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from opencood_ext.atomic_files import atomic_write_json
 
 from .curves import CONVERGED_GAIN, PAIRED_RESAMPLES, STAGE1_RUNS, CurvePoint, Curves
 from .method_ids import GENCOMM
@@ -175,9 +176,7 @@ def write_report(curves: Curves, folder: Path) -> List[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / "curves.json"
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(curves.to_dict(), indent=2))
-    tmp.replace(out)
+    atomic_write_json(out, curves.to_dict(), indent=2)
     md = folder / "CURVES.md"
     md.write_text(markdown(curves))
     return [out, md, plot(curves, folder / "curves.png")]

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from .curves import STAGE1_RUNS, collect
+from .curves import STAGE1_RUNS, budget_folders, collect, folder_bytes
 from .curves_report import write_report
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def drop_feature_cache(folder: Path) -> int:
     cache = Path(folder) / "cache" / "features"
     if not cache.is_dir():
         return 0
-    size = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+    size = folder_bytes(cache)
     shutil.rmtree(cache)
     log.info("learning curves: removed %s (%.1f GB; --keep_feature_cache keeps it)", cache, size / 1e9)
     return size
@@ -203,8 +203,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                args.profile, args.fair, command=shlex.join(["gencomm-curves", *words]))
         elif args.cmd == "status":
             from .curves_status import status_markdown
-            budgets = args.budgets or sorted(int(f.name[len("budget"):]) for f in Path(args.out).glob("budget*")
-                                             if f.name[len("budget"):].isdigit())
+            budgets = args.budgets or [k for k, _ in budget_folders(args.out)]
             if not budgets:
                 raise FileNotFoundError(f"{args.out}: no budget<K>/ folder (run `learning_curves.py run` first)")
             print(status_markdown(args.out, budgets, args.profile), end="")

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence
 
 import yaml
 
-from .curves import epoch_records
+from .curves import budget_folders, core_seconds, epoch_records, folder_bytes
 from .tables import table as markdown_table
 
 
@@ -76,34 +76,28 @@ def _config_epochs(run: Path) -> Optional[int]:
         raise ValueError(f"{path}: field 'train.epochs' unreadable ({exc})") from None
 
 
-def _core_seconds_per_epoch(run: Path) -> Optional[float]:
-    records = [r for r in epoch_records(run) if r.get("time_s") is not None]
-    if not records:
-        return None
-    return sum(float(r["time_s"]) * int(r.get("threads") or 1) for r in records) / len(records)
+def _core_seconds_per_epoch(records: List[dict]) -> Optional[float]:
+    timed = [r for r in records if r.get("time_s") is not None]
+    return sum(core_seconds(r) for r in timed) / len(timed) if timed else None
 
 
 def budget_status(out: Path, budget: int, profile_name: str) -> List[RunStatus]:
     """Every run of ``OUT/budget<budget>`` (:func:`run_folders`), with what other budgets' folders under
     ``OUT`` tell about the runs not started yet."""
-    out = Path(out)
-    others = sorted((int(f.name[len("budget"):]), f) for f in out.glob("budget*")
-                    if f.name[len("budget"):].isdigit() and int(f.name[len("budget"):]) != budget)
+    others = [(b, folder) for b, folder in budget_folders(out) if b != budget]
     rows = []
     for name, kind in run_folders(profile_name).items():
-        run = out / f"budget{budget}" / "runs" / name
-        total, per_epoch = _config_epochs(run), _core_seconds_per_epoch(run)
+        run = Path(out) / f"budget{budget}" / "runs" / name
+        records = epoch_records(run)
+        total, per_epoch = _config_epochs(run), _core_seconds_per_epoch(records)
         for b, folder in others:
-            if total is None and _config_epochs(folder / "runs" / name) is not None:
-                total = _config_epochs(folder / "runs" / name) * budget // b
+            if total is None:
+                there = _config_epochs(folder / "runs" / name)
+                total = None if there is None else there * budget // b
             if per_epoch is None:
-                per_epoch = _core_seconds_per_epoch(folder / "runs" / name)
-        rows.append(RunStatus(name, kind, len(epoch_records(run)), total, per_epoch))
+                per_epoch = _core_seconds_per_epoch(epoch_records(folder / "runs" / name))
+        rows.append(RunStatus(name, kind, len(records), total, per_epoch))
     return rows
-
-
-def _gigabytes(folder: Path) -> float:
-    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file()) / 1e9 if Path(folder).is_dir() else 0.0
 
 
 def status_markdown(out: Path, budgets: Sequence[int], profile_name: str) -> str:
@@ -121,8 +115,8 @@ def status_markdown(out: Path, budgets: Sequence[int], profile_name: str) -> str
         folder = Path(out) / f"budget{b}"
         lines += [f"## Budget {b}x: {done} of {len(rows)} runs finished, about {known:.1f} core-hours left"
                   + (f" (+ {unknown} runs not yet measured)" if unknown else ""), "",
-                  f"On disk: run folders {_gigabytes(folder / 'runs'):.1f} GB, feature cache "
-                  f"{_gigabytes(folder / 'cache'):.1f} GB (removed once the budget is scored).", ""]
+                  f"On disk: run folders {folder_bytes(folder / 'runs') / 1e9:.1f} GB, feature cache "
+                  f"{folder_bytes(folder / 'cache') / 1e9:.1f} GB (removed once the budget is scored).", ""]
         lines += markdown_table(["run", "kind", "epochs", "core-min / epoch", "core-hours left"], [
             [r.name, r.kind, f"{r.epochs_done}/{'?' if r.epochs_total is None else r.epochs_total}",
              "-" if r.core_seconds_per_epoch is None else f"{r.core_seconds_per_epoch / 60:.1f}",
