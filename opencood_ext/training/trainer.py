@@ -360,7 +360,8 @@ class Trainer(Resumable):
                 if resumed:
                     self._log.record("resume", {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
                                                 "global_step": self.global_step})
-                    self._warn_if_threads_changed()
+                    if self.epoch < cfg.epochs:  # a finished run trains nothing more: nothing to warn of
+                        self._warn_if_threads_changed()
             for epoch in range(self.epoch + 1, cfg.epochs + 1):
                 lr = float(self.optimizer.param_groups[0]["lr"])
                 record = {"epoch": epoch, "lr": lr, **self._train_epoch(epoch)}

@@ -286,6 +286,10 @@ def test_epochs_record_their_thread_count_and_a_resume_under_another_warns(tmp_p
     assert f"{tmp_path}: epoch 2 trained with 1 intra-op thread(s), this resume has 2" in caplog.text
     assert "OMP_NUM_THREADS=1 to resume it exactly" in caplog.text
     assert [r["threads"] for r in _epoch_records(tmp_path)] == [1, 1, 2] == [h["threads"] for h in result.history]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="opencood_ext.training"):
+        _run(tmp_path, _cfg(epochs=3))  # finished (a job's sequential step after its lanes): nothing trains, no warning
+    assert "intra-op thread" not in caplog.text
 
 
 class _SometimesDetached(ToyModel):
