@@ -30,6 +30,7 @@ job's other steps, and is resumable: finished runs are skipped.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -40,7 +41,7 @@ from .method_ids import LATE_OF_STAGE1, NONE_OF_STAGE1, ONBOARDING_ROWS
 from .profiles import onboarding_folder, starts_from_own_stage1
 from .run_facts import run_facts
 from .results import ResultRow
-from .steps import Command, sets
+from .steps import Command, onboard_command, sets
 
 TYPES = ("m1", "m2", "m3", "m4")
 METHODS = ONBOARDING_ROWS  # (row label, onboarding method key, which is the row's method id)
@@ -87,6 +88,40 @@ def _row(method_id: str, name: str, run: Path, dynamic: List[dict], note: str, *
                      **extra)
 
 
+@dataclass(frozen=True)
+class Onboarding:
+    """One method's onboarding in the benchmark: its row label, method key, whether it starts from the
+    competitors' own stage-1 runs, its run folder and the ``gencomm-onboard`` command that trains it."""
+
+    name: str
+    method: str
+    own_stage1: bool
+    run: Path
+    command: Command
+
+
+def onboardings(runs: Path, stage1: Dict[str, Path], family: str, overrides: Sequence[str],
+                onboard_overrides: Sequence[str] = (), onboard_epochs=None, methods=METHODS,
+                types: Sequence[str] = TYPES, competitor_stage1: Optional[Dict[str, Path]] = None,
+                configs: Optional[Path] = None, feature_cache: Optional[str] = None) -> List[Onboarding]:
+    """Every method's onboarding as :func:`run_benchmark` runs it (same arguments, which it passes on);
+    the main job's side-by-side lanes run these before the benchmark finds them finished.
+    Every config must exist before anything trains (FileNotFoundError naming the missing one)."""
+    types = list(types)
+    if competitor_stage1 is not None and not set(types) <= set(competitor_stage1):
+        raise ValueError(f"competitor stage-1 runs for {sorted(competitor_stage1)}, the alliance is {types}")
+    cfgs = {method: stage2_config(family, method, types, configs) for _, method in methods}
+    out = []
+    for name, method in methods:
+        own = starts_from_own_stage1(method, competitor_stage1 is not None)
+        start = competitor_stage1 if own else stage1
+        run = runs / onboarding_folder(method, types, own)
+        cmd = onboard_command(cfgs[method], start[types[0]], [start[t] for t in types[1:]], run,
+                              [*overrides, *onboard_overrides], feature_cache, onboard_epochs)
+        out.append(Onboarding(name, method, own, run, cmd))
+    return out
+
+
 def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Callable[..., None],
                   overrides: Sequence[str], onboard_overrides: Sequence[str] = (),
                   onboard_epochs=None, methods=METHODS, types: Sequence[str] = TYPES,
@@ -107,26 +142,16 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
     every onboarding and evaluation keeps frozen encoders' features in (None: off); score_epochs: also
     evaluate every kept epoch of every onboarding (module docstring)."""
     types = list(types)
-    if competitor_stage1 is not None and not set(types) <= set(competitor_stage1):
-        raise ValueError(f"competitor stage-1 runs for {sorted(competitor_stage1)}, the alliance is {types}")
-    new = "".join(types[1:])
-    cfgs = {method: stage2_config(family, method, types, configs) for _, method in methods}  # all there before training
     cache = [] if feature_cache is None else ["--feature_cache", str(feature_cache)]
-    common = sets(overrides)
-    eval_sets = cache + common + sets(eval_overrides)
+    eval_sets = cache + sets(overrides) + sets(eval_overrides)
     order = ",".join(types)
     joined = ", ".join(types[1:])
     scored = scored_methods(score_epochs, methods)
     rows = []
-    for name, method in methods:
-        own = starts_from_own_stage1(method, competitor_stage1 is not None)
-        start = competitor_stage1 if own else stage1
-        run = runs / onboarding_folder(method, types, own)
-        argv = ["-y", cfgs[method], "--ego", start[types[0]], *[a for t in types[1:] for a in ("--new", start[t])],
-                "-o", run, *cache, *common, *sets(onboard_overrides)]
-        if onboard_epochs is not None:
-            argv += ["--epochs", str(onboard_epochs)]
-        run_cmd(Command("gencomm-onboard", argv))
+    for entry in onboardings(runs, stage1, family, overrides, onboard_overrides, onboard_epochs, methods, types,
+                             competitor_stage1, configs, feature_cache):
+        name, method, own, run = entry.name, entry.method, entry.own_stage1, entry.run
+        run_cmd(entry.command)
         run_cmd(Command("gencomm-infer", ["--model_dir", run, "--dynamic", order, "--reuse", *eval_sets]))
         for n in RunFolder(run).checkpoints.epoch_files() if method in scored else ():
             run_cmd(Command("gencomm-infer", ["--model_dir", run, "--dynamic", order, "--checkpoint", epoch_checkpoint(n),

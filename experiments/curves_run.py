@@ -2,9 +2,9 @@
 (:mod:`experiments.curves` says what they are).
 
     python tools/learning_curves.py run --out OUT [--data DATA] [--seed S] [--budgets 1,2,4] [--max_budget 32]
-                                        [--profile default|quick] [--keep_feature_cache]
+                                        [--profile default|quick] [--keep_feature_cache] [--jobs N]
     python tools/learning_curves.py seeds --out OUT --budget K [--seeds 0,1,2] [--fair DEST] [--data DATA]
-                                          [--profile default|quick|...]
+                                          [--profile default|quick|...] [--jobs N]
     python tools/learning_curves.py status OUT [--budgets 2,4] [--profile ...]
     python tools/learning_curves.py report OUT [-o FOLDER]
 """
@@ -78,10 +78,13 @@ def drop_feature_cache(folder: Path) -> int:
 
 
 def run_curves(out: Path, data: Path, seed: int = 0, budgets: Sequence[int] = (1, 2, 4, 8, 16, 32),
-               profile_name: str = "default", command: str = "gencomm-curves", keep_feature_cache: bool = False) -> Path:
+               profile_name: str = "default", command: str = "gencomm-curves", keep_feature_cache: bool = False,
+               jobs: Optional[int] = None) -> Path:
     """The main job on the LiDAR pair at each budget (module docstring of :mod:`experiments.curves`),
     stopping after the first budget at which every trained run has converged; each finished budget's
-    feature cache is removed (:func:`drop_feature_cache`) unless ``keep_feature_cache``; -> OUT/CURVES.md."""
+    feature cache is removed (:func:`drop_feature_cache`) unless ``keep_feature_cache``; ``jobs``: its
+    trainings and onboardings side by side (:mod:`experiments.lanes`; None: one lane per thread up to 4);
+    -> OUT/CURVES.md."""
     from .reproduce import reproduce
     out, data = Path(out).resolve(), Path(data).resolve()
     report = out / "CURVES.md"
@@ -89,7 +92,7 @@ def run_curves(out: Path, data: Path, seed: int = 0, budgets: Sequence[int] = (1
         folder = out / f"budget{b}"
         log.info("learning curves: budget %dx into %s", b, folder)
         reproduce(folder, data, profile_name, seeds=[seed], robustness=False, benchmark_types=list(PAIR),
-                  command=f"{command} (budget {b})", budget=b)
+                  command=f"{command} (budget {b})", budget=b, jobs=jobs)
         score_stage1(folder, data, profile_name, seed, b)
         if not keep_feature_cache:
             drop_feature_cache(folder)
@@ -104,12 +107,12 @@ def run_curves(out: Path, data: Path, seed: int = 0, budgets: Sequence[int] = (1
 
 
 def run_seeds(out: Path, data: Path, budget: int, seeds: Sequence[int], profile_name: str = "default",
-              fair: Optional[Path] = None, command: str = "gencomm-curves seeds") -> Path:
+              fair: Optional[Path] = None, command: str = "gencomm-curves seeds", jobs: Optional[int] = None) -> Path:
     """The fair benchmark at one budget of the curves (issue 49 item 6): the main job of ``OUT/budget<K>``
     again with training seeds ``seeds``, the curves' own seed first, so its runs are found done and only
     the other seeds train (into ``runs/seed<s>``), each leaving a seed archive in ``OUT/budget<K>/seeds``;
     with ``fair``, those archives combined by :func:`experiments.fair.write_fair_benchmark` into that folder.
-    The budget's feature cache is removed afterwards, as :func:`run_curves` does.
+    The budget's feature cache is removed afterwards, as :func:`run_curves` does; ``jobs`` as there.
     results.json keeps the first seed's rows, so the curves' points do not change. -> the report written
     last (``fair``'s REPORT.md, else the budget's)."""
     from .reproduce import reproduce
@@ -126,7 +129,7 @@ def run_seeds(out: Path, data: Path, budget: int, seeds: Sequence[int], profile_
                          f"reused and their results.json rows kept), got {','.join(map(str, seeds)) or 'none'}")
     log.info("learning curves: seeds %s at budget %dx in %s", seeds, budget, folder)
     report = reproduce(folder, data, profile_name, seeds=seeds, robustness=False, benchmark_types=list(PAIR),
-                       command=command, budget=budget)
+                       command=command, budget=budget, jobs=jobs)
     drop_feature_cache(folder)
     if fair is None:
         return report
@@ -168,6 +171,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     r.add_argument("--keep_feature_cache", action="store_true",
                    help="keep each finished budget's feature cache (about 22 GB a budget with --profile full; "
                         "default: removed once the budget is scored)")
+    r.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="trainings, then onboardings, side by side in N lanes, each on "
+                   "threads/N threads (default: one per thread up to 4, so OMP_NUM_THREADS=1 gives one)")
     g = r.add_mutually_exclusive_group()
     g.add_argument("--max_budget", type=int, default=32, help="double up to this budget (default 32)")
     g.add_argument("--budgets", type=_budget_list, default=None, help="exactly these budgets, e.g. 1,2,4")
@@ -181,6 +187,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     f.add_argument("--profile", choices=list(PROFILES), default="default", help="the curves' profile")
     f.add_argument("--fair", type=Path, default=None, metavar="DEST",
                    help="also combine the seeds' archives into a fair benchmark there (tools/fair_benchmark.py)")
+    f.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="trainings, then onboardings, side by side in N lanes, each on "
+                   "threads/N threads (default: one per thread up to 4, so OMP_NUM_THREADS=1 gives one)")
     t = sub.add_parser("status", help="per budget: each training and onboarding's epochs done and core-hours left")
     t.add_argument("out", type=Path)
     t.add_argument("--budgets", type=_budget_list, default=None, help="these budgets (default: every budget<K>/)")
@@ -197,10 +206,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             budgets = args.budgets or budgets_upto(args.max_budget)
             report = run_curves(args.out, data, args.seed, budgets, args.profile,
                                 command=shlex.join(["gencomm-curves", *words]),
-                                keep_feature_cache=args.keep_feature_cache)
+                                keep_feature_cache=args.keep_feature_cache, jobs=args.jobs)
         elif args.cmd == "seeds":
             report = run_seeds(args.out, args.data or default_data_dir(args.profile), args.budget, args.seeds,
-                               args.profile, args.fair, command=shlex.join(["gencomm-curves", *words]))
+                               args.profile, args.fair, command=shlex.join(["gencomm-curves", *words]), jobs=args.jobs)
         elif args.cmd == "status":
             from .curves_status import status_markdown
             budgets = args.budgets or [k for k, _ in budget_folders(args.out)]

@@ -1,12 +1,15 @@
-"""The main job's independent trainings side by side: ``gencomm-reproduce --jobs N``.
+"""The main job's independent trainings and onboardings side by side: ``gencomm-reproduce --jobs N``.
 
 Every training run of one seed (the baselines, GenComm's stage-1 runs, the competitors' own stage-1 runs)
-depends on the dataset alone, so they can train at the same time. On a CPU one training process with
-two threads gains far less than two processes with one thread each (a step's small convolutions and
-the data loader do not spread over cores), so the main job runs N *lanes*, each a process training one
-run after another on ``threads // N`` intra-op threads (:func:`lane_plan`), the longest runs first
-(:func:`train_side_by_side`). Afterwards the job's sequential steps find these runs finished and go on
-(onboarding, evaluations, robustness) on every thread.
+depends on the dataset alone, so they can train at the same time; every onboarding of one seed (GenComm's,
+its variant's, each competitor's) depends on those stage-1 runs alone, so once they are trained the
+onboardings can run at the same time too. On a CPU one process with two threads gains far less than two
+processes with one thread each (a step's small convolutions and the data loader do not spread over
+cores), so the main job runs N *lanes*, each a process doing one run after another on ``threads // N``
+intra-op threads (:func:`lane_plan`): first the trainings, the longest first (:func:`train_side_by_side`),
+then the onboardings (:func:`side_by_side` with :func:`experiments.pipeline.onboard_in_lane`).
+Afterwards the job's sequential steps find these runs finished and go on (evaluations, robustness) on
+every thread.
 
 What each run trained with is recorded as always: every epoch record of its ``train_log.jsonl`` holds its
 ``threads``, so a lane's run compares with ``OMP_NUM_THREADS=<its threads> gencomm-train`` of the same config
@@ -72,29 +75,36 @@ def enter_lane(threads: int) -> None:
     multiprocessing.set_start_method(None, force=True)
 
 
-def train_side_by_side(trainings: Sequence[Tuple[Path, Path]], data: Path, profile, plan: LanePlan,
-                       work: Callable[..., Tuple[str, float]]) -> List[str]:
-    """Train every ``(config, run folder)`` of ``trainings`` (in the order given: put the longest first) in
-    ``plan.lanes`` processes; -> the run folders' names. Finished runs are skipped by ``gencomm-train``
-    itself, so a rerun costs seconds. One lane trains in this process. ``work(config, run, data, profile,
-    threads) -> (name, seconds)``: what a lane does with one training, in a lane process after
-    :func:`enter_lane` (:func:`experiments.pipeline.train_in_lane`; a module-level function: the lanes are
-    spawned processes)."""
+def side_by_side(tasks: Sequence[tuple], plan: LanePlan, work: Callable[..., Tuple[str, float]],
+                 what: str = "runs") -> List[str]:
+    """Do every task of ``tasks`` (in the order given: put the longest first) in ``plan.lanes`` processes;
+    -> the names ``work`` returns, in the order given. ``work(*task, threads) -> (name, seconds)``: what a
+    lane does with one task, in a lane process after :func:`enter_lane` (a module-level function: the lanes
+    are spawned processes). One lane does every task here, in order. ``what``: the tasks in the log line."""
     if plan.lanes <= 1:
-        return [work(config, run, data, profile, plan.threads)[0] for config, run in trainings]
-    log.info("training %d runs side by side, %s", len(trainings), plan.describe())
-    done: List[str] = []  # in the order given
+        return [work(*task, plan.threads)[0] for task in tasks]
+    log.info("%d %s side by side, %s", len(tasks), what, plan.describe())
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=plan.lanes, mp_context=context) as pool:
-        futures = [pool.submit(work, config, run, data, profile, plan.threads) for config, run in trainings]
+        futures = [pool.submit(work, *task, plan.threads) for task in tasks]
         finished, pending = wait(futures, return_when=FIRST_EXCEPTION)
         failed = [f for f in finished if f.exception() is not None]
         if failed:
             for f in pending:
-                f.cancel()  # runs not started yet stay for the rerun; the running ones end their training
+                f.cancel()  # tasks not started yet stay for the rerun; the running ones end theirs
             raise failed[0].exception()
+        done: List[str] = []
         for f in futures:
             name, wall = f.result()
-            log.info("trained %s (%.0f s)", name, wall)
+            log.info("%s done (%.0f s)", name, wall)
             done.append(name)
     return done
+
+
+def train_side_by_side(trainings: Sequence[Tuple[Path, Path]], data: Path, profile, plan: LanePlan,
+                       work: Callable[..., Tuple[str, float]]) -> List[str]:
+    """Train every ``(config, run folder)`` of ``trainings`` by :func:`side_by_side`; -> the run folders'
+    names. Finished runs are skipped by ``gencomm-train`` itself, so a rerun costs seconds.
+    ``work(config, run, data, profile, threads) -> (name, seconds)``
+    (:func:`experiments.pipeline.train_in_lane`)."""
+    return side_by_side([(config, run, data, profile) for config, run in trainings], plan, work, "trainings")

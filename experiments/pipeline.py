@@ -17,13 +17,13 @@ from opencood_ext.run_folder import RunFolder, evaluation_label
 from opencood_ext.training.runlog import training_wall_time
 
 from .evaluation import Evaluation
-from .lanes import LanePlan, enter_lane, train_side_by_side
+from .lanes import LanePlan, enter_lane, side_by_side, train_side_by_side
 from .method_ids import GENCOMM, GENCOMM_EGOTARGET
 from .profiles import (BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE2, STAGE2_EGOTARGET, TEST_SEED_OFFSET,
                        EGOTARGET_ONBOARDING, MAIN_ONBOARDING, Profile, trained_types)
 from .results import ResultRow, StepTime
 from .run_facts import run_facts
-from .steps import Command, call, sets
+from .steps import Command, call, onboard_command, sets
 
 
 def found_finished(out: Path, data: Path) -> List[str]:
@@ -79,12 +79,17 @@ def train(config: Path, run: Path, data: Path, profile: Profile) -> float:
 def train_in_lane(config: Path, run: Path, data: Path, profile: Profile, threads: int) -> Tuple[str, float]:
     """:func:`train` as a lane of :func:`experiments.lanes.train_side_by_side` does it: in a spawned lane
     process on its share of threads (logging to stderr with the lane's pid), in this process as it is."""
+    _enter(threads)
+    return run.name, train(config, run, data, profile)
+
+
+def _enter(threads: int) -> None:
+    """In a lane process: its share of threads, and log lines to stderr marked with the lane's pid."""
     if multiprocessing.parent_process() is not None:
         enter_lane(threads)
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO,
                                 format=f"%(asctime)s %(levelname)s [lane {os.getpid()}] %(name)s: %(message)s")
-    return run.name, train(config, run, data, profile)
 
 
 def cache_args(profile: Profile) -> List[str]:
@@ -183,6 +188,23 @@ def trainings_longest_first(configs: Path, runs: Path, stage1_types: Sequence[st
     return [(configs / c, runs / Path(c).stem) for c in [*stage1, *full_feature, *competitors, *rest]]
 
 
+def main_onboarding(config: str, onboard_run: Path, stage1: Dict[str, Path], data: Path, profile: Profile,
+                    configs: Path) -> Command:
+    """The ``gencomm-onboard`` command onboarding m3 into m1's alliance from the stage-1 runs ``stage1`` by
+    the stage-2 ``config`` (under ``configs``) into ``onboard_run``, as :func:`onboard_m3_row` runs it."""
+    return onboard_command(configs / config, stage1["m1"], [stage1["m3"]], onboard_run,
+                           [f"data.root={data}", *profile.overrides], profile.feature_cache, profile.onboard_epochs)
+
+
+def onboard_in_lane(command: Command, threads: int) -> Tuple[str, float]:
+    """One onboarding as a lane of :func:`experiments.lanes.side_by_side` does it (:func:`train_in_lane`
+    says how); -> (its run folder's name, seconds)."""
+    _enter(threads)
+    t0 = time.time()
+    call(command)
+    return Path(command.value("-o")).name, time.time() - t0
+
+
 def onboard_m3_row(method_id: str, name: str, config: str, step: str, onboard_run: Path, stage1: Dict[str, Path],
                    data: Path, profile: Profile, evaluation: Profile, steps: Steps, configs: Path,
                    note: str) -> Tuple[ResultRow, dict]:
@@ -190,11 +212,8 @@ def onboard_m3_row(method_id: str, name: str, config: str, step: str, onboard_ru
     (under ``configs``) into ``onboard_run``, evaluate it (and with the collaborators off) with the
     ``evaluation`` profile; -> (the main-table row ``method_id`` / ``name``, its onboarding.json).
     ``step``: the method's name in the cost table's step names."""
-    argv = ["-y", configs / config, "--ego", stage1["m1"], "--new", stage1["m3"], "-o", onboard_run,
-            *cache_args(profile), *sets([f"data.root={data}", *profile.overrides])]
-    if profile.onboard_epochs is not None:
-        argv += ["--epochs", str(profile.onboard_epochs)]
-    steps.run(f"onboard m3 ({step})", call, Command("gencomm-onboard", argv))
+    command = main_onboarding(config, onboard_run, stage1, data, profile, configs)
+    steps.run(f"onboard m3 ({step})", call, command)
     onboarding = json.loads(RunFolder(onboard_run).onboarding_report.read_text())
     res = steps.run(f"evaluate {onboard_run.name}", evaluate_run, onboard_run, "intermediate", evaluation)
     solo = ego_only(onboard_run, "intermediate", res, evaluation)
@@ -205,22 +224,48 @@ def onboard_m3_row(method_id: str, name: str, config: str, step: str, onboard_ru
                      **run_facts(onboard_run)), onboarding
 
 
+def one_per_folder(commands: Sequence[Command]) -> List[Command]:
+    """The first command for each ``-o`` run folder, in order: the main table and the LiDAR-pair benchmark
+    onboard GenComm into the same folder by the same command, and two lanes must never share a folder."""
+    seen, out = set(), []
+    for c in commands:
+        if c.value("-o") not in seen:
+            seen.add(c.value("-o"))
+            out.append(c)
+    return out
+
+
 def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, steps: Steps, configs: Path,
              robustness: bool, test_root: Optional[Path] = None, plan: Optional[LanePlan] = None) -> SeedResult:
     """Train and evaluate every row for one training seed into ``runs``, configs from ``configs``;
     evaluations read the test split of ``test_root`` when given (the separate test set), else of ``data``.
-    ``plan``: train every run first in side-by-side lanes (:mod:`experiments.lanes`; None or one lane: each
-    run when its row comes)."""
+    ``plan``: train every run first in side-by-side lanes, then onboard every onboarding likewise
+    (:mod:`experiments.lanes`; None or one lane: each run when its row comes)."""
     if seed != 0:  # the configs' own seed is 0
         profile = dataclasses.replace(profile, overrides=[*profile.overrides, f"train.seed={seed}"])
     eval_sets = [] if test_root is None else [f"data.root={test_root}"]
     evaluation = dataclasses.replace(profile, overrides=[*profile.overrides, *eval_sets])  # what evaluations get
     rows: List[ResultRow] = []
     stage1_types, competitor_types = trained_types(profile)
+    stage1 = {t: runs / Path(STAGE1[t]).stem for t in stage1_types}  # camera types: for the benchmark only
+    competitor = {t: runs / Path(COMPETITOR_STAGE1[t]).stem for t in competitor_types} if competitor_types else None
+    bench = dict(family=profile.family, overrides=[f"data.root={data}", *profile.overrides],
+                 onboard_epochs=profile.onboard_epochs, types=profile.benchmark_types, competitor_stage1=competitor,
+                 configs=configs, feature_cache=profile.feature_cache)
+    main_onboardings = [(STAGE2, runs / MAIN_ONBOARDING)] + \
+        ([(STAGE2_EGOTARGET, runs / EGOTARGET_ONBOARDING)] if profile.variant_rows else [])
     if plan is not None and plan.lanes > 1:  # every training first, side by side; the steps below find them done
         trainings = trainings_longest_first(configs, runs, stage1_types, competitor_types)
         steps.run(f"train {len(trainings)} runs, {plan.describe()}", train_side_by_side, trainings, data, profile,
                   plan, train_in_lane)
+        from .benchmark import onboardings
+        commands = [main_onboarding(c, run, stage1, data, profile, configs) for c, run in main_onboardings]
+        commands += [o.command for o in onboardings(runs, stage1, **bench)] if profile.benchmark else []
+        commands = one_per_folder(commands)
+        if len(commands) > 1:  # one onboarding alone (the default job's) runs in this process, on every thread
+            lanes = dataclasses.replace(plan, lanes=min(plan.lanes, len(commands)))
+            steps.run(f"onboard {len(commands)} runs, {lanes.describe()}", side_by_side, [(c,) for c in commands],
+                      lanes, onboard_in_lane, "onboardings")
     for method_id, method, config, fusion in BASELINES:
         run = runs / Path(config).stem
         wall = steps.run(f"train {run.name}", train, configs / config, run, data, profile)
@@ -229,39 +274,27 @@ def one_seed(out: Path, runs: Path, data: Path, profile: Profile, seed: int, ste
         rows.append(ResultRow(method_id, method, Evaluation.from_run_json(res, str(run)), run=str(run),
                               train_wall_s=wall, trainable_params=count_trainable(run), note="retrained end to end",
                               ego_only=Evaluation.from_run_json(solo, str(run)), **run_facts(run)))
-    stage1: Dict[str, Path] = {}
-    wall1: Dict[str, float] = {}
-    for t in stage1_types:  # the camera types serve the heterogeneous benchmark only
-        config = STAGE1[t]
-        stage1[t] = runs / Path(config).stem
-        wall1[t] = steps.run(f"train {stage1[t].name}", train, configs / config, stage1[t], data, profile)
+    wall1 = {t: steps.run(f"train {run.name}", train, configs / STAGE1[t], run, data, profile)
+             for t, run in stage1.items()}
     # the benchmark's GenComm run when it onboards m3 alone; then (profile.variant_rows) the variant beyond the
     # paper, onboarded from the same stage-1 runs into its own folder, its row right after the faithful one
     note = f"stage 2 only; stage 1: m1 {wall1['m1']:.0f} s, m3 {wall1['m3']:.0f} s"
-    row, onboarding = onboard_m3_row(GENCOMM, "GenComm (m3 onboarded)", STAGE2, "GenComm",
-                                     runs / MAIN_ONBOARDING,
-                                     stage1, data, profile, evaluation, steps, configs, note)
+    config, run = main_onboardings[0]
+    row, onboarding = onboard_m3_row(GENCOMM, "GenComm (m3 onboarded)", config, "GenComm", run, stage1, data, profile,
+                                     evaluation, steps, configs, note)
     rows.append(row)
-    if profile.variant_rows:
-        rows.append(onboard_m3_row(GENCOMM_EGOTARGET, "GenComm, ego-encoder target (beyond the paper)", STAGE2_EGOTARGET,
-                                   "GenComm, ego-encoder target", runs / EGOTARGET_ONBOARDING, stage1, data,
-                                   profile, evaluation, steps, configs,
+    for config, run in main_onboardings[1:]:
+        rows.append(onboard_m3_row(GENCOMM_EGOTARGET, "GenComm, ego-encoder target (beyond the paper)", config,
+                                   "GenComm, ego-encoder target", run, stage1, data, profile, evaluation, steps, configs,
                                    note + "; its message extractor also trained to regenerate the sender's scan as m1's "
                                    "encoder reads it")[0])
     if robustness:
         steps.run("robustness sweep", robustness_sweep, rows, out / "robustness", evaluation, seed)
     if profile.benchmark:
         from .benchmark import run_benchmark
-        competitor = None
-        if profile.competitor_stage1 == "own":
-            competitor = {}
-            for t in competitor_types:
-                run = runs / Path(COMPETITOR_STAGE1[t]).stem
-                steps.run(f"train {run.name}", train, configs / COMPETITOR_STAGE1[t], run, data, profile)
-                competitor[t] = run
+        for t, run in (competitor or {}).items():
+            steps.run(f"train {run.name}", train, configs / COMPETITOR_STAGE1[t], run, data, profile)
         # each onboarding and evaluation of the benchmark is a step of its own in the cost table
-        rows += run_benchmark(runs, stage1, profile.family, steps.call,
-                          [f"data.root={data}", *profile.overrides], onboard_epochs=profile.onboard_epochs,
-                          types=profile.benchmark_types, competitor_stage1=competitor, eval_overrides=eval_sets,
-                          configs=configs, feature_cache=profile.feature_cache, score_epochs=profile.score_epochs)
+        rows += run_benchmark(runs, stage1, run_cmd=steps.call, eval_overrides=eval_sets,
+                              score_epochs=profile.score_epochs, **bench)
     return SeedResult(rows, onboarding, wall1)

@@ -5,7 +5,8 @@
    the latter three retrained with both types) and GenComm stage 1 for m1
    (PointPillars, 64-beam) and m3 (SECOND, 32-beam), side by side in ``--jobs`` lanes
    (:mod:`experiments.lanes`);
-3. onboard m3 into m1's alliance (stage 2: only m3's message extractor trains);
+3. onboard m3 into m1's alliance (stage 2: only m3's message extractor trains), with the
+   benchmark's onboardings side by side in the same lanes once the trainings are done;
 4. evaluate everything on the test split with an m1 ego and m3 collaborators,
    and again with the same weights and the collaborators off (what cooperation
    adds, paired);
@@ -103,8 +104,8 @@ def reproduce(out: Path, data: Path, profile_name: str = "default", seed: int = 
     code's placement (issue 31). ``budget``: every training and onboarding runs ``budget`` times its
     epochs (:func:`scale_budget`; 1: the configs' own), for the learning curves (:mod:`experiments.curves`).
     ``benchmark``: run the heterogeneous benchmark (step 6; None: the profile's, off for ``default``, on when
-    ``benchmark_types`` is given). ``jobs``: trainings side by side (:func:`experiments.lanes.lane_plan`; None:
-    automatic, one per core up to 4, one on a CUDA machine)."""
+    ``benchmark_types`` is given). ``jobs``: trainings, then onboardings, side by side
+    (:func:`experiments.lanes.lane_plan`; None: automatic, one per core up to 4, one on a CUDA machine)."""
     from opencood_ext.config_files import configs_root
     profile = PROFILES[profile_name]
     if benchmark_types is not None:
@@ -280,8 +281,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="train and onboard every run for K times its epochs (default 1: the configs' own); the "
                         "learning curves (tools/learning_curves.py) run the LiDAR pair at K = 1, 2, 4, ...")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="trainings side by side, each on threads/N threads (default: one per core up to 4; one with "
-                        "CUDA). On a CPU two one-thread trainings finish far sooner than one after another on two")
+                   help="trainings, then onboardings, side by side, each on threads/N threads (default: one per core up "
+                        "to 4; one with CUDA). On a CPU two one-thread runs finish far sooner than one after another "
+                        "on two")
     args = p.parse_args(None if argv is None else list(argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     profile = args.profile or ("quick" if args.quick else "default")

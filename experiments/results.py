@@ -157,7 +157,7 @@ class Results:
     precision: the float precision chosen by detection, {choice, reason, cpu_bf16}
     (:mod:`opencood_ext.training.precision`); scene_families: AP per scene family of the test data
     (:mod:`experiments.family_figures`; None: not computed, e.g. no row has per-frame records); lanes: how
-    the trainings shared the machine, {lanes, threads} (:mod:`experiments.lanes`; None in older files)."""
+    the trainings and onboardings shared the machine, {lanes, threads} (:mod:`experiments.lanes`; None in older files)."""
 
     profile: str
     seed: int

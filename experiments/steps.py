@@ -20,7 +20,8 @@ import random
 import shlex
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Callable, Dict, Iterator, List, Sequence, Tuple
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -85,6 +86,17 @@ class Command:
 def sets(items: Sequence[str]) -> List[str]:
     """``["a=1", "b=2"]`` -> ``["--set", "a=1", "--set", "b=2"]``."""
     return [a for item in items for a in ("--set", item)]
+
+
+def onboard_command(config: Path, ego: Path, new: Sequence[Path], run: Path, overrides: Sequence[str],
+                    feature_cache: Optional[str] = None, epochs: Optional[int] = None) -> Command:
+    """The ``gencomm-onboard`` command of one onboarding: ``config`` onboards the types of the stage-1 runs
+    ``new`` into the alliance of ``ego``'s into ``run``; ``overrides``: its ``--set`` items; ``epochs``: its
+    ``--epochs`` (None: the config's). The main table, the benchmark and the side-by-side lanes all build it
+    here, so a lane's onboarding is the very command the sequential step then finds finished."""
+    cache = [] if feature_cache is None else ["--feature_cache", str(feature_cache)]
+    argv = ["-y", config, "--ego", ego, *[a for n in new for a in ("--new", n)], "-o", run, *cache, *sets(overrides)]
+    return Command("gencomm-onboard", argv + ([] if epochs is None else ["--epochs", str(epochs)]))
 
 
 @contextlib.contextmanager

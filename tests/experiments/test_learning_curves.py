@@ -220,10 +220,10 @@ def test_seeds_at_one_budget_reuse_the_curves_seed_and_feed_the_fair_benchmark(t
         main(["seeds", "--out", str(out), "--budget", "2", "--seeds", "0,-1"])
     assert "--seeds must be whole numbers >= 0" in capsys.readouterr().err
     assert main(["seeds", "--out", str(out), "--budget", "2", "--data", str(tmp_path / "d"), "--profile", "full",
-                 "--fair", str(tmp_path / "fair")]) == 0
+                 "--fair", str(tmp_path / "fair"), "--jobs", "2"]) == 0
     (folder, data, profile, kw), fair = calls
     assert folder == (out / "budget2").resolve() and data == (tmp_path / "d").resolve() and profile == "full"
-    assert kw["seeds"] == [0, 1, 2] and kw["budget"] == 2 and kw["robustness"] is False
+    assert kw["seeds"] == [0, 1, 2] and kw["budget"] == 2 and kw["robustness"] is False and kw["jobs"] == 2
     assert kw["benchmark_types"] == ["m1", "m3"] and kw["command"].startswith("gencomm-curves seeds --out")
     assert fair == ("fair", [folder / "seeds" / f"seed{s}" for s in (0, 1, 2)], tmp_path / "fair")
     assert not (folder / "cache" / "features").exists()
@@ -239,7 +239,10 @@ def test_run_drops_each_finished_budgets_feature_cache(tmp_path, monkeypatch):
     import experiments.reproduce
     out = tmp_path / "curves"
 
+    jobs = []
+
     def fake_reproduce(folder, data, profile_name, budget, **kw):  # the job: its results and a filled cache
+        jobs.append(kw["jobs"])
         _budget(out, budget, {"late": (0.8, 0.4, None, [1.0 / budget])})
         (folder / "cache" / "features" / "abc").mkdir(parents=True)
         (folder / "cache" / "features" / "abc" / "x.pt").write_bytes(b"0" * 1000)
@@ -249,7 +252,9 @@ def test_run_drops_each_finished_budgets_feature_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(experiments.curves_run, "score_stage1", lambda *a, **k: [])
     assert main(["run", "--out", str(out), "--budgets", "1", "--data", str(tmp_path / "d")]) == 0
     assert not (out / "budget1" / "cache" / "features").exists() and (out / "CURVES.md").is_file()
-    assert main(["run", "--out", str(out), "--budgets", "2", "--data", str(tmp_path / "d"), "--keep_feature_cache"]) == 0
+    assert main(["run", "--out", str(out), "--budgets", "2", "--data", str(tmp_path / "d"), "--keep_feature_cache",
+                 "--jobs", "2"]) == 0
+    assert jobs == [None, 2]  # --jobs reaches the job (None: lanes by the thread count)
     assert (out / "budget2" / "cache" / "features" / "abc" / "x.pt").is_file()
     assert experiments.curves_run.drop_feature_cache(out / "budget2") == 1000
     assert experiments.curves_run.drop_feature_cache(out / "budget2") == 0  # nothing left to remove
