@@ -5,7 +5,7 @@
                                         [--profile default|quick] [--keep_feature_cache] [--jobs N]
     python tools/learning_curves.py seeds --out OUT --budget K [--seeds 0,1,2] [--fair DEST] [--data DATA]
                                           [--profile default|quick|...] [--jobs N]
-    python tools/learning_curves.py status OUT [--budgets 2,4] [--profile ...]
+    python tools/learning_curves.py status OUT [--budgets 2,4] [--profile ...] [--jobs N]
     python tools/learning_curves.py report OUT [-o FOLDER]
 """
 from __future__ import annotations
@@ -194,6 +194,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t.add_argument("out", type=Path)
     t.add_argument("--budgets", type=_budget_list, default=None, help="these budgets (default: every budget<K>/)")
     t.add_argument("--profile", choices=list(PROFILES), default="default", help="the curves' profile")
+    t.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="also the wall-clock hours left with run --jobs N (one-thread lanes)")
     s = sub.add_parser("report", help="curves.json, CURVES.md and curves.png from OUT/budget<K>/")
     s.add_argument("out", type=Path)
     s.add_argument("-o", "--to", type=Path, default=None, help="write them here (default: OUT)")
@@ -215,7 +217,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             budgets = args.budgets or [k for k, _ in budget_folders(args.out)]
             if not budgets:
                 raise FileNotFoundError(f"{args.out}: no budget<K>/ folder (run `learning_curves.py run` first)")
-            print(status_markdown(args.out, budgets, args.profile), end="")
+            print(status_markdown(args.out, budgets, args.profile, args.jobs), end="")
             return 0
         else:
             report = [f for f in write_report(collect(args.out), args.to or args.out) if f.suffix == ".md"][0]

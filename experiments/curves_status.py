@@ -100,9 +100,27 @@ def budget_status(out: Path, budget: int, profile_name: str) -> List[RunStatus]:
     return rows
 
 
-def status_markdown(out: Path, budgets: Sequence[int], profile_name: str) -> str:
+def lanes_wall_hours(rows: Sequence[RunStatus], lanes: int) -> float:
+    """Wall-clock hours the measured runs left take in ``lanes`` one-thread lanes (``--jobs``): the trainings,
+    then the onboardings (they need the stage-1 runs), each run handed in order to the first free lane, as
+    the job's lanes take them (:mod:`experiments.lanes`). One lane: the core-hours left."""
+    if lanes < 1:
+        raise ValueError(f"--jobs must be a positive whole number, got {lanes}")
+    total = 0.0
+    for kind in ("training", "onboarding"):
+        free = [0.0] * lanes
+        for r in rows:
+            if r.kind == kind and r.core_hours_left:
+                i = free.index(min(free))
+                free[i] += r.core_hours_left
+        total += max(free)
+    return total
+
+
+def status_markdown(out: Path, budgets: Sequence[int], profile_name: str, jobs: Optional[int] = None) -> str:
     """One table per budget (run, epochs done of total, core-minutes per epoch, core-hours left), each
-    budget's total left and what its folder holds on disk."""
+    budget's total left (with ``jobs``: and the wall-clock hours in that many lanes, :func:`lanes_wall_hours`)
+    and what its folder holds on disk."""
     lines = [f"# Learning curves in {out}: trainings and onboardings", "",
              "Core-hours left: remaining epochs x measured core-seconds per epoch (this run's own epochs, else the "
              "same run's at another budget); evaluations not included.", ""]
@@ -113,7 +131,8 @@ def status_markdown(out: Path, budgets: Sequence[int], profile_name: str) -> str
         unknown = sum(1 for v in left if v is None)
         done = sum(r.finished for r in rows)
         folder = Path(out) / f"budget{b}"
-        lines += [f"## Budget {b}x: {done} of {len(rows)} runs finished, about {known:.1f} core-hours left"
+        wall = f", about {lanes_wall_hours(rows, jobs):.1f} h in {jobs} lanes" if jobs else ""
+        lines += [f"## Budget {b}x: {done} of {len(rows)} runs finished, about {known:.1f} core-hours left{wall}"
                   + (f" (+ {unknown} runs not yet measured)" if unknown else ""), "",
                   f"On disk: run folders {folder_bytes(folder / 'runs') / 1e9:.1f} GB, feature cache "
                   f"{folder_bytes(folder / 'cache') / 1e9:.1f} GB (removed once the budget is scored).", ""]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from experiments.curves_run import main
-from experiments.curves_status import budget_status, run_folders
+from experiments.curves_status import RunStatus, budget_status, lanes_wall_hours, run_folders
 from experiments.profiles import MAIN_ONBOARDING
 
 ARCHIVE = Path(__file__).resolve().parents[2] / "archive" / "learning_curves" / "budget1"
@@ -62,3 +62,29 @@ def test_status_counts_epochs_and_core_hours_left(tmp_path, capsys):
     assert "m1_none/config.yaml: field 'train.epochs' unreadable" in capsys.readouterr().err
     assert main(["status", str(tmp_path / "empty")]) == 2
     assert "no budget<K>/ folder" in capsys.readouterr().err
+
+
+def _left(name, kind, hours):
+    return RunStatus(name, kind, 0, 1, hours * 3600.0)  # one epoch to go, of ``hours`` core-hours
+
+
+def test_wall_hours_in_lanes_trainings_then_onboardings():
+    rows = [_left("a", "training", 3.0), _left("b", "training", 2.0), _left("c", "training", 1.0),
+            _left("x", "onboarding", 1.0), _left("y", "onboarding", 1.5), RunStatus("done", "training", 4, 4, 60.0),
+            RunStatus("unmeasured", "onboarding", 0, None, None)]
+    assert lanes_wall_hours(rows, 1) == pytest.approx(8.5)  # one lane: every core-hour left
+    # two lanes: a | b then c (3 h), then the onboardings x | y (1.5 h): the stage-1 runs come first
+    assert lanes_wall_hours(rows, 2) == pytest.approx(4.5)
+    assert lanes_wall_hours(rows, 8) == pytest.approx(4.5)
+    with pytest.raises(ValueError, match="--jobs must be a positive whole number"):
+        lanes_wall_hours(rows, 0)
+
+
+def test_status_gives_the_wall_clock_in_lanes_when_asked(tmp_path, capsys):
+    out = tmp_path / "curves"
+    _run(out / "budget2" / "runs" / "m1_none", 16, [90.0] * 4)         # 0.30 core-hours left
+    _run(out / "budget2" / "runs" / "m1m3_late", 16, [45.0] * 8)       # 0.10
+    assert main(["status", str(out), "--profile", "full", "--jobs", "2"]) == 0
+    assert "about 0.4 core-hours left, about 0.3 h in 2 lanes (+ " in capsys.readouterr().out
+    assert main(["status", str(out), "--profile", "full"]) == 0
+    assert "lanes" not in capsys.readouterr().out
