@@ -41,7 +41,7 @@ from .method_ids import LATE_OF_STAGE1, NONE_OF_STAGE1, ONBOARDING_ROWS
 from .profiles import onboarding_folder, starts_from_own_stage1
 from .run_facts import run_facts
 from .results import ResultRow
-from .steps import Command, onboard_command, sets
+from .steps import Command, cache_flag, onboard_command, sets
 
 TYPES = ("m1", "m2", "m3", "m4")
 METHODS = ONBOARDING_ROWS  # (row label, onboarding method key, which is the row's method id)
@@ -142,8 +142,7 @@ def run_benchmark(runs: Path, stage1: Dict[str, Path], family: str, run_cmd: Cal
     every onboarding and evaluation keeps frozen encoders' features in (None: off); score_epochs: also
     evaluate every kept epoch of every onboarding (module docstring)."""
     types = list(types)
-    cache = [] if feature_cache is None else ["--feature_cache", str(feature_cache)]
-    eval_sets = cache + sets(overrides) + sets(eval_overrides)
+    eval_sets = cache_flag(feature_cache) + sets(overrides) + sets(eval_overrides)
     order = ",".join(types)
     joined = ", ".join(types[1:])
     scored = scored_methods(score_epochs, methods)

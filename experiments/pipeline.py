@@ -23,7 +23,7 @@ from .profiles import (BASELINES, CAMERA_TYPES, COMPETITOR_STAGE1, STAGE1, STAGE
                        EGOTARGET_ONBOARDING, MAIN_ONBOARDING, Profile, trained_types)
 from .results import ResultRow, StepTime
 from .run_facts import run_facts
-from .steps import Command, call, onboard_command, sets
+from .steps import Command, cache_flag, call, onboard_command, sets
 
 
 def found_finished(out: Path, data: Path) -> List[str]:
@@ -92,17 +92,12 @@ def _enter(threads: int) -> None:
                                 format=f"%(asctime)s %(levelname)s [lane {os.getpid()}] %(name)s: %(message)s")
 
 
-def cache_args(profile: Profile) -> List[str]:
-    """``--feature_cache DIR`` when the profile keeps frozen encoders' features, else nothing."""
-    return [] if profile.feature_cache is None else ["--feature_cache", profile.feature_cache]
-
-
 def evaluate_run(run: Path, fusion: str, profile: Profile) -> dict:
     """Evaluate ``run`` with ``fusion``. ``gencomm-infer --reuse`` skips it when the evaluation's stamp
     (command, code, the run's files and the test data: :class:`opencood_ext.run_folder.RunFolder`)
     shows nothing changed, the one reuse rule the robustness sweep and the benchmark use too."""
-    call(Command("gencomm-infer", ["--model_dir", run, "--fusion_method", fusion, "--reuse", *cache_args(profile),
-                                       *sets(profile.overrides)]))
+    call(Command("gencomm-infer", ["--model_dir", run, "--fusion_method", fusion, "--reuse",
+                                   *cache_flag(profile.feature_cache), *sets(profile.overrides)]))
     return RunFolder(run).read_evaluation(evaluation_label(fusion))
 
 
@@ -117,7 +112,7 @@ def robustness_sweep(rows: Sequence[ResultRow], out: Path, profile: Profile, see
     the same seeded channel (``gencomm-robustness``; reuses the evaluations already in the run
     folders); -> ``out/robustness.json``. On a separate test set of one-frame scenes latency is not swept (its
     only level is 0): a collaborator's data cannot come from an earlier frame of its scene."""
-    argv = ["--sweep", "all", "-o", str(out), "--channel_seed", str(seed), *cache_args(profile)]
+    argv = ["--sweep", "all", "-o", str(out), "--channel_seed", str(seed), *cache_flag(profile.feature_cache)]
     for r in rows:
         argv += ["--runs", f"{r.method}={r.run}:{r.eval.details['fusion']}"]
     levels = dict(profile.robustness)

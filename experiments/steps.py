@@ -88,14 +88,19 @@ def sets(items: Sequence[str]) -> List[str]:
     return [a for item in items for a in ("--set", item)]
 
 
+def cache_flag(feature_cache: Optional[str]) -> List[str]:
+    """``--feature_cache DIR`` for a step that keeps frozen encoders' features there, else nothing."""
+    return [] if feature_cache is None else ["--feature_cache", str(feature_cache)]
+
+
 def onboard_command(config: Path, ego: Path, new: Sequence[Path], run: Path, overrides: Sequence[str],
                     feature_cache: Optional[str] = None, epochs: Optional[int] = None) -> Command:
     """The ``gencomm-onboard`` command of one onboarding: ``config`` onboards the types of the stage-1 runs
     ``new`` into the alliance of ``ego``'s into ``run``; ``overrides``: its ``--set`` items; ``epochs``: its
     ``--epochs`` (None: the config's). The main table, the benchmark and the side-by-side lanes all build it
     here, so a lane's onboarding is the very command the sequential step then finds finished."""
-    cache = [] if feature_cache is None else ["--feature_cache", str(feature_cache)]
-    argv = ["-y", config, "--ego", ego, *[a for n in new for a in ("--new", n)], "-o", run, *cache, *sets(overrides)]
+    argv = ["-y", config, "--ego", ego, *[a for n in new for a in ("--new", n)], "-o", run,
+            *cache_flag(feature_cache), *sets(overrides)]
     return Command("gencomm-onboard", argv + ([] if epochs is None else ["--epochs", str(epochs)]))
 
 
